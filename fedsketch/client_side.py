@@ -64,7 +64,9 @@ Encoder = Callable[[torch.Tensor, ClientInput, ClientOptions], tuple[Payload, St
 def sketch_payload(update: torch.Tensor, job: ClientInput, opts: ClientOptions) -> tuple[Payload, State]:
     """FetchSGD: the ``rows x cols`` table of the update's Count Sketch; no state."""
     info = job.info
-    sketch = CountSketch(update.numel(), info.sketch_rows, info.sketch_cols, seed=info.sketch_seed, device=update.device)
+    sketch = CountSketch(
+        update.numel(), info.sketch_rows, info.sketch_cols, seed=info.sketch_seed, device=update.device
+    )
     sketch.accumulate(update)
     return {"table": sketch.table.cpu().numpy()}, {}
 

@@ -76,9 +76,11 @@ def assign_homes(
     out: dict[int, list[int]] = {}
     lost = []
     for cid in cids:
-        node = homes.get(cid)
-        if node not in alive:
-            if node is not None:
+        home = homes.get(cid)
+        if home is not None and home in alive:
+            node = home
+        else:
+            if home is not None:
                 lost.append(cid)
             node = min(nodes, key=lambda n: (load[n], n))
             homes[cid] = node

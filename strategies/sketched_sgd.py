@@ -62,7 +62,7 @@ class SketchedSGD(FedSketchStrategy):
         total = sum(u.num_examples for u in updates)
         merged = sum((u.num_examples / total) * torch.from_numpy(u.payload["table"]) for u in updates)
         cands = sketched_sgd.candidates(torch.as_tensor(merged), self.params)
-        spec = {"val": ((cands.numel(),), np.dtype(np.float32))}
+        spec: PayloadSpec = {"val": ((cands.numel(),), np.dtype(np.float32))}
         got = self.exchange(server_round, updates, encode_support(cands, self.d), {}, spec)
         examples = {u.cid: u.num_examples for u in updates}
         answered = [a for a in got.updates if a.cid in examples]

@@ -56,7 +56,9 @@ def test_fedavg_matches_flowers_fedavg_aggregation() -> None:
     deltas = vectors(strat.d)
     ours = w - strat.apply(1, updates(strat, cfg, deltas), strat.weights)
     replies = [
-        RecordDict({"arrays": ArrayRecord({"w": Array((w - delta).numpy())}), "metrics": MetricRecord({"num-examples": n})})
+        RecordDict(
+            {"arrays": ArrayRecord({"w": Array((w - delta).numpy())}), "metrics": MetricRecord({"num-examples": n})}
+        )
         for delta, n in zip(deltas, EXAMPLES)
     ]
     flower = aggregate_arrayrecords(replies, "num-examples")["w"].numpy()

@@ -59,7 +59,9 @@ def _expected_upload(cfg: RunConfig) -> int:
         for cid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
             n = min(len(data.client_data(cid)[0]), cfg.local_batch_size)
             total += wire_bytes(payload_to_record(payload))
-            total += wire_bytes(client_metrics(n, 0.5, 0.1, {k: v for k, v in echo.items() if sketched and k in wire.ECHO_KEYS}))
+            total += wire_bytes(
+                client_metrics(n, 0.5, 0.1, {k: v for k, v in echo.items() if sketched and k in wire.ECHO_KEYS})
+            )
             if cfg.strategy == "sketched_sgd":  # the second exchange: exact values at the candidates
                 values = {"val": np.zeros(cfg.candidate_factor * cfg.k, np.float32)}
                 total += wire_bytes(payload_to_record(values)) + wire_bytes(client_metrics(n, 0.5, 0.1))

@@ -117,7 +117,11 @@ def test_majority_voters_break_zeros_at_random_and_reproducibly() -> None:
 
 
 def test_majority_vote_counts_one_vote_per_worker_whatever_its_scale() -> None:
-    votes = [torch.tensor([100.0, -1.0, 1.0, 0.0]), torch.tensor([-1.0, -1.0, -1.0, 0.0]), torch.tensor([-2.0, 5.0, 0.0, 0.0])]
+    votes = [
+        torch.tensor([100.0, -1.0, 1.0, 0.0]),
+        torch.tensor([-1.0, -1.0, -1.0, 0.0]),
+        torch.tensor([-2.0, 5.0, 0.0, 0.0]),
+    ]
     torch.testing.assert_close(majority_vote(votes), torch.tensor([-1.0, -1.0, 0.0, 0.0]))
 
 
