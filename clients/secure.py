@@ -84,4 +84,3 @@ def _clipped(out: ClientOutcome, bound: float, d: int, sketch_seed: int) -> dict
         norm = float(np.sqrt(sum(np.square(arr).sum() for arr in payload.values())))
     factor = clip_factor(norm, bound)
     return {name: arr * factor for name, arr in payload.items()}
-

@@ -62,14 +62,10 @@ def selection_rows(d: int, repeats: int, seed: int) -> list[str]:
         for k in (d // 1000, d // 100):
             exact = exact_topk(vec, k)
             t_topk = median_ms(partial(exact_topk, vec, k), repeats)
-            rows.append(
-                f"| {name} | {k} | torch.topk | {t_topk:.1f} | 1.00 | {k} | 1.00 | - | 1.00 |"
-            )
+            rows.append(f"| {name} | {k} | torch.topk | {t_topk:.1f} | 1.00 | {k} | 1.00 | - | 1.00 |")
             for rule in gaussiank.ADJUST_RULES:
                 sel = gaussiank.select(vec, k, adjust=rule)
-                t_sel = median_ms(
-                    partial(gaussiank.select, vec, k, adjust=rule), repeats
-                )
+                t_sel = median_ms(partial(gaussiank.select, vec, k, adjust=rule), repeats)
                 recall = torch.isin(exact, sel.indices).float().mean().item()
                 rows.append(
                     f"| {name} | {k} | gaussiank/{rule} | {t_sel:.1f} | {t_sel / t_topk:.2f} "
@@ -98,35 +94,23 @@ def compressor_rows(d: int, repeats: int, seed: int) -> list[str]:
         t_c = median_ms(partial(comp.compress, vec, seed=seed), repeats)
         t_d = median_ms(partial(comp.decompress, payload, seed=seed), repeats)
         opts = ", ".join(f"{key}={val}" for key, val in options.items()) or "-"
-        rows.append(
-            f"| {name} | {opts} | {t_c:.1f} | {t_d:.1f} | {payload_nbytes(payload)} |"
-        )
+        rows.append(f"| {name} | {opts} | {t_c:.1f} | {t_d:.1f} | {payload_nbytes(payload)} |")
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=10_000_000, help="vector length")
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="timed calls per entry (median)"
-    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per entry (median)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--skip-compressors", action="store_true", help="only the selection table"
-    )
+    parser.add_argument("--skip-compressors", action="store_true", help="only the selection table")
     args = parser.parse_args(argv)
-    print(
-        f"d = {args.d}, torch {torch.__version__}, {torch.get_num_threads()} threads, CPU\n"
-    )
-    print(
-        "| vector | k | method | ms | time / topk | selected | selected / k | rounds | recall of top-k |"
-    )
+    print(f"d = {args.d}, torch {torch.__version__}, {torch.get_num_threads()} threads, CPU\n")
+    print("| vector | k | method | ms | time / topk | selected | selected / k | rounds | recall of top-k |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(selection_rows(args.d, args.repeats, args.seed)))
     if not args.skip_compressors:
-        print(
-            "\n| compressor | options | compress ms | decompress ms | payload bytes |"
-        )
+        print("\n| compressor | options | compress ms | decompress ms | payload bytes |")
         print("|---|---|---|---|---|")
         print("\n".join(compressor_rows(args.d, args.repeats, args.seed)))
 

@@ -86,6 +86,7 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
         total = sum(o.num_examples for o in outcomes)
         merged = torch.zeros_like(state.error)
         for o in outcomes:
+            assert o.payload is not None, o.error  # the benchmark's clients do not fail
             merged += (o.num_examples / total) * torch.from_numpy(o.payload["table"])
         state, update = fetchsgd.step(state, merged, params, lr_at(cfg.lr_schedule, cfg.lr, rnd, cfg.num_rounds))
         w = w - update.dense(w.numel())

@@ -104,7 +104,9 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dep.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
     dep.add_argument("--supernodes", type=int, default=3, help="SuperNodes, one client each (default: 3)")
     dep.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (a fresh CA and certificate)")
-    dep.add_argument("--auth", action="store_true", help="SuperNode authentication: register each node's key (needs --tls)")
+    dep.add_argument(
+        "--auth", action="store_true", help="SuperNode authentication: register each node's key (needs --tls)"
+    )
     dep.add_argument("--no-plot", action="store_true", help="do not draw plots at the end")
     dep.add_argument("--kit", type=Path, metavar="DIR", help="write a deployment kit for real devices into DIR")
     dep.add_argument("--server", metavar="HOST", help="with --kit: the server's address as devices reach it")

@@ -9,21 +9,28 @@ named after what they show.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from fedsketch import runlog  # noqa: E402
+from fedsketch import runlog
 
-AXES = {
-    "rounds": ("round", "round", False),
+Row = dict[str, Any]
+
+AXES: dict[str, tuple[Callable[[Row], float], str, bool]] = {
+    "rounds": (lambda r: r["round"], "round", False),
     "upload_bytes": (lambda r: r["cum_upload_bytes"], "cumulative upload bytes", True),
-    "total_bytes": (lambda r: r["cum_upload_bytes"] + r["cum_download_bytes"], "cumulative upload + download bytes", True),
+    "total_bytes": (
+        lambda r: r["cum_upload_bytes"] + r["cum_download_bytes"],
+        "cumulative upload + download bytes",
+        True,
+    ),
 }
 
 
@@ -45,8 +52,8 @@ def series(runs: list[list[dict[str, Any]]], axis: str) -> tuple[np.ndarray, np.
     """``(x, mean, low, high)`` of test accuracy over the rounds all seeds share."""
     get_x = AXES[axis][0]
     n = min(len(rows) for rows in runs)
-    xs = np.array([[get_x(r) if callable(get_x) else r[get_x] for r in rows[:n]] for rows in runs], dtype=float)
-    ys = np.array([[r["test_accuracy"] for r in rows[:n]] for rows in runs], dtype=float)
+    xs = np.array([[get_x(r) for r in rows[:n]] for rows in runs], dtype=np.float64)
+    ys = np.array([[r["test_accuracy"] for r in rows[:n]] for rows in runs], dtype=np.float64)
     return xs.mean(axis=0), ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
 
 

@@ -85,9 +85,7 @@ def _write_device(folder: Path, certs: ServerCertificates, server: str, port: in
 def _instructions(folder: Path, certs: ServerCertificates, server: str, port: int, n: int) -> str:
     rel = ServerCertificates(*(Path("server") / p.name for p in (certs.ca_cert, certs.server_cert, certs.server_key)))
     link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0"))
-    register = "\n".join(
-        f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n)
-    )
+    register = "\n".join(f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n))
     return f"""\
 fedsketch deployment kit in {folder}: 1 SuperLink at {server}:{port}, {n} SuperNode(s), TLS and SuperNode auth.
 Keep {folder / "ca.key"} offline: it signs server certificates and is needed on no machine.

@@ -79,7 +79,7 @@ def load_experiment(
     base = RunConfig.from_mapping({**doc.get("run", {}), **(overrides or {})})
     for name, table in per_strategy.items():  # a typo in a table not run now is still a typo
         RunConfig.from_mapping({"strategy": name, **table}, base=base)
-    runs = []
+    runs: list[RunConfig] = []
     for name in names:
         cfg = RunConfig.from_mapping({"strategy": name, **per_strategy.get(name, {})}, base=base)
         cfg = RunConfig.from_mapping(dict(overrides or {}), base=cfg)  # command line wins

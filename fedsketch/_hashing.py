@@ -318,7 +318,9 @@ def estimate_blocks(table: torch.Tensor, hashes: TabulationHash) -> Iterator[tup
         yield h0 * hashes.chunk, median_of_rows(values)[: hashes.d - h0 * hashes.chunk]
 
 
-def survivors(table: torch.Tensor, hashes: TabulationHash, bar: list[float]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def survivors(
+    table: torch.Tensor, hashes: TabulationHash, bar: list[float]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(indices, estimates)`` with ``|estimate| > bar[0]``, block by block in index order.
 
     The caller may raise ``bar[0]`` between blocks (the running top-k threshold).

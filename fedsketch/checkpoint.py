@@ -110,7 +110,7 @@ def load(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
         tree = torch.load(io.BytesIO(data), weights_only=True)
         version, saved = tree.pop("version"), tree.pop("config")
         ckpt = Checkpoint(**tree)
-    except Exception as exc:  # a file with a valid checksum but another layout
+    except Exception as exc:  # noqa: BLE001 -- a file with a valid checksum but another layout
         raise CheckpointError(f"{refuse}: it cannot be read ({type(exc).__name__}: {exc})") from None
     if version != VERSION:
         raise CheckpointError(f"{refuse}: it has format version {version}; this fedsketch reads {VERSION}")
@@ -204,8 +204,11 @@ def capture_rng() -> dict[str, Any]:
     out: dict[str, Any] = {
         "python": json.dumps(random.getstate()),
         "numpy": {
-            "kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss),
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
         },
         "torch": torch.get_rng_state(),
     }
@@ -219,7 +222,9 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     version, internal, gauss = json.loads(state["python"])
     random.setstate((version, tuple(internal), gauss))
     npy = state["numpy"]
-    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"]))
+    np.random.set_state(
+        (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -73,7 +73,7 @@ def run_cohort(
             result = local_update(model, w, x, y, spec, client_generator(cfg.seed, info.server_round, cid))
             job = ClientInput(cid, info, states.get(cid, {}), requests.get(cid, {}))
             payload, state = encode(opts, result.update, job)
-        except Exception as exc:  # one client's failure must not sink the cohort
+        except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
             outcomes.append(ClientOutcome(cid, None, error=f"{type(exc).__name__}: {exc}"))
             continue
         elapsed = time.perf_counter() - start
@@ -91,7 +91,7 @@ def answer_queries(cids: list[int], states: dict[int, State], query: Payload) ->
         state = states.get(cid, {})
         try:
             payload = answer_query(state, query)
-        except Exception as exc:  # as above: this client only
+        except Exception as exc:  # noqa: BLE001 -- as above: this client only
             outcomes.append(ClientOutcome(cid, None, error=f"{type(exc).__name__}: {exc}"))
             continue
         examples = int(state[EXAMPLES][0]) if EXAMPLES in state else 1

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
+from fedsketch.download import MODES as DOWNLOAD_MODES
 from fedsketch.methods import client_state_bytes, describe_client_state
 
 STRATEGIES = (
@@ -101,6 +102,7 @@ class RunConfig:
     signsgd_variant: str = "ef"
     candidate_factor: int = 3
     max_client_state_mb: int = 4096
+    download: str = "dense"  # "sparse": returning clients get only what changed (fedsketch/download.py)
     # --- runtime
     client_assignment: str = "cohort"
     min_nodes: int = 1
@@ -118,6 +120,7 @@ class RunConfig:
         _check_choices(self)
         _check_ranges(self)
         _check_privacy(self)
+        _check_download(self)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
@@ -158,12 +161,9 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(
-        f"setting '{key}' must be of type {kind.__name__}, got {type(value).__name__} {value!r}"
-    )
+    elif kind is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"setting '{key}' must be of type {kind.__name__}, got {type(value).__name__} {value!r}")
 
 
 def _check_choices(cfg: RunConfig) -> None:
@@ -179,6 +179,7 @@ def _check_choices(cfg: RunConfig) -> None:
         "device": DEVICES,
         "lr_schedule": LR_SCHEDULES,
         "signsgd_variant": SIGNSGD_VARIANTS,
+        "download": DOWNLOAD_MODES,
     }
     for name, allowed in choices.items():
         value = getattr(cfg, name)
@@ -252,6 +253,21 @@ def _check_privacy(cfg: RunConfig) -> None:
                 "settings 'secure-aggregation' and 'dp-noise-multiplier' are not combined: DP clips and weighs "
                 "single clients on the server, which secure aggregation hides from it"
             )
+
+
+def _check_download(cfg: RunConfig) -> None:
+    if cfg.download != "sparse":
+        return
+    if cfg.client_assignment != "cohort":
+        raise ConfigError(
+            "setting 'download' = 'sparse' needs 'client-assignment' = 'cohort': a SuperNode would have to keep "
+            "the model it last received, and this ClientApp keeps none (it is stateless)"
+        )
+    if cfg.secure_aggregation:
+        raise ConfigError(
+            "settings 'download' = 'sparse' and 'secure-aggregation' are not combined: the SecAgg+ round sends "
+            "the dense model and counts what it sends"
+        )
 
 
 def check_against_model(cfg: RunConfig, d: int) -> None:

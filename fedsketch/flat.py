@@ -45,8 +45,5 @@ def set_flat(model: nn.Module, flat: torch.Tensor) -> None:
 
 def get_flat_grad(model: nn.Module) -> torch.Tensor:
     """The parameters' ``.grad`` as one float32 vector (zeros where a grad is None)."""
-    parts = [
-        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-        for p in model.parameters()
-    ]
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in model.parameters()]
     return torch.cat(parts)

@@ -82,9 +82,7 @@ def local_update(
     return LocalResult(weights - get_flat(model), len(x), sum(losses) / len(losses))
 
 
-def _gradient_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: LocalSpec, gen: torch.Generator
-) -> float:
+def _gradient_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: LocalSpec, gen: torch.Generator) -> float:
     """Zero grads, then backprop the loss of one sampled batch; returns the loss."""
     device = next(model.parameters()).device
     if len(x) > spec.batch_size:

@@ -15,7 +15,6 @@ from typing import Any
 
 from fedsketch.config import RunConfig
 
-
 ROUNDS = "rounds.jsonl"
 
 

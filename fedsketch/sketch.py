@@ -84,7 +84,12 @@ class CountSketch:
 
     def __init__(self, d: int, rows: int, cols: int, seed: int = 0,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
-        d, rows, cols, seed = _int_arg("d", d), _int_arg("rows", rows), _int_arg("cols", cols), _int_arg("seed", seed, 0)
+        d, rows, cols, seed = (
+            _int_arg("d", d),
+            _int_arg("rows", rows),
+            _int_arg("cols", cols),
+            _int_arg("seed", seed, 0),
+        )
         if cols > MAX_COLS:
             raise ValueError(f"cols must be at most 2**30; got {cols}")
         if seed >= 2**64:
@@ -266,7 +271,9 @@ class CountSketch:
         rank = 2 * m * k // self.d
         if rank < 16 or rank >= m:  # too few sampled points above it to trust it, or no filter
             return None
-        sample = torch.randint(0, self.d, (m,), generator=torch.Generator().manual_seed(0), device="cpu").to(self.device)
+        sample = torch.randint(0, self.d, (m,), generator=torch.Generator().manual_seed(0), device="cpu").to(
+            self.device
+        )
         return float(torch.topk(self.estimate(sample).to(work_dtype(self.dtype)).abs(), rank).values[-1])
 
     def _candidates(self, k: int, threshold: float | None) -> tuple[torch.Tensor, torch.Tensor]:

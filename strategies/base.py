@@ -29,7 +29,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
-from fedsketch import runlog, schedule, wire
+from fedsketch import download, runlog, schedule, wire
 from fedsketch.config import RunConfig
 from fedsketch.evaluate import evaluate
 from fedsketch.flat import get_flat, set_flat
@@ -43,7 +43,7 @@ from strategies.secure import SecureRounds
 
 COUNTERS = (
     "upload", "download", "dense", "clients", "failures", "timeouts", "client_errors", "rejected", "skipped_rounds",
-    "clipped",
+    "clipped", "sparse_downloads",
 )  # fmt: skip
 """Totals kept over the run; metrics rows report each since the previous row."""
 
@@ -91,6 +91,9 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
         self._dp_rounds = 0  # rounds whose noisy sum was released (the privacy budget counts them)
         self._noise = torch.Generator()
         self._noise.manual_seed(secrets.randbits(63))  # never the run seed: see strategies/guard.py
+        # download = "sparse": the round that last changed each coordinate, the round each client last synced
+        self._changed_at = torch.zeros(self.d if cfg.download == "sparse" else 0, dtype=torch.int32)
+        self._synced: dict[int, int] = {}
 
     # ------------------------------------------------------------ per method
     @abstractmethod
@@ -239,8 +242,10 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
             self.state = before
             why = "the update is not finite (huge client values?); state rolled back"
             return self._skip(server_round, got, why, contributors)
-        self.weights = self.weights - delta
+        before, self.weights = self.weights, self.weights - delta
         set_flat(self.model, self.weights)
+        if self.cfg.download == "sparse":
+            download.record_update(self._ledger(), server_round, before, self.weights)
         losses = [u.loss for u in got.updates if u.loss == u.loss]
         self._last_loss = float(np.mean(losses)) if losses else float("nan")
         self._round_done(server_round, got, None, contributors)
@@ -330,6 +335,8 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
 
     def _round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied."""
+        if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
+            download.mark_synced(self._ledger(), [u.cid for u in got.updates], server_round)
         if self.out_dir is None:
             return
         row = {"round": server_round, "sampled": sum(max(1, len(c)) for c in self._sent.values()),
@@ -353,9 +360,27 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
                     msg.content[wire.request_key(cid)] = extras[cid]
 
     def _count_download(self, arrays: ArrayRecord, base: dict[str, Any]) -> None:
-        """Each logical client is charged what a message to it alone would carry."""
-        per_client = wire_bytes(arrays) + wire_bytes(ConfigRecord({**base, wire.CIDS: [0]}))
-        self._add("download", per_client * sum(max(1, len(c)) for c in self._sent.values()))
+        """Each logical client is charged what a message to it alone would carry.
+
+        With ``download = "sparse"`` that is, for a client that has taken part
+        before, the smaller of the dense model and the serialized catch-up
+        payload (:mod:`fedsketch.download`) under the same record name.
+        """
+        config_bytes = wire_bytes(ConfigRecord({**base, wire.CIDS: [0]}))
+        dense = wire_bytes(arrays)
+        cids = [cid for cids in self._sent.values() for cid in cids]
+        if self.cfg.download != "sparse" or not cids:
+            self._add("download", (dense + config_bytes) * sum(max(1, len(c)) for c in self._sent.values()))
+            return
+        for cid in cids:
+            payload = download.catch_up(self._ledger(), cid, self.current_round, self.weights)
+            sparse = wire_bytes(payload_to_record(payload)) if payload is not None else dense + 1
+            self._add("download", min(dense, sparse) + config_bytes)
+            self._add("sparse_downloads", int(sparse < dense))
+
+    def _ledger(self) -> download.DownloadLedger:
+        """A view of the download bookkeeping (the strategy's own tensor and dict, so checkpoints keep them)."""
+        return download.DownloadLedger(self._changed_at, self._synced)
 
     def _log_row(self, server_round: int, wall_s: float) -> None:
         acc, loss = evaluate(self.model, self.test_x, self.test_y)
@@ -369,7 +394,8 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
             "clients": self._since_row["clients"], "failures": self._since_row["failures"],
             "timeouts": self._since_row["timeouts"], "client_errors": self._since_row["client_errors"],
             "rejected": self._since_row["rejected"], "skipped_rounds": self._since_row["skipped_rounds"],
-            "clipped": self._since_row["clipped"], **privacy_metrics(self.cfg, self._dp_rounds),
+            "clipped": self._since_row["clipped"], "sparse_downloads": self._since_row["sparse_downloads"],
+            **privacy_metrics(self.cfg, self._dp_rounds),
             "wall_s": round(wall_s, 3), "unix_time": round(time.time(), 3),
             **self.round_metrics(),
         }  # fmt: skip

@@ -76,14 +76,14 @@ def checked_payload(record: object, max_bytes: int, max_arrays: int) -> dict[str
         any array is malformed.
     """
     if not isinstance(record, ArrayRecord):
-        raise ValueError(f"update is a {type(record).__name__}, not an ArrayRecord")
+        raise ValueError(f"update is a {type(record).__name__}, not an ArrayRecord")  # noqa: TRY004 -- the guard rejects on ValueError
     if len(record) > max_arrays:
         raise ValueError(f"payload has {len(record)} arrays; at most {max_arrays} allowed")
     total = 0
     for name, arr in record.items():
         data = getattr(arr, "data", None)
         if not isinstance(arr, Array) or not isinstance(data, bytes):
-            raise ValueError(f"entry '{name}' is not an array")
+            raise ValueError(f"entry '{name}' is not an array")  # noqa: TRY004 -- as above
         total += len(data)
     if total > max_bytes:
         raise ValueError(f"payload is {total} bytes; at most {max_bytes} allowed")
@@ -112,7 +112,7 @@ def checked_array(name: str, arr: Array) -> np.ndarray:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf, max_header_size=MAX_HEADER)
         else:
             raise ValueError(f"npy version {version}")
-    except Exception as exc:  # numpy raises ValueError, SyntaxError, EOFError... on garbage
+    except Exception as exc:  # noqa: BLE001 -- numpy raises ValueError, SyntaxError, EOFError... on garbage
         raise ValueError(f"array '{name}' has no valid npy header ({type(exc).__name__})") from None
     if dtype.hasobject or dtype.kind not in NUMERIC_KINDS or not dtype.isnative or dtype.fields is not None:
         raise ValueError(f"array '{name}' has dtype {str(dtype)[:40]}; expected a native bool, int or float")
@@ -124,7 +124,9 @@ def checked_array(name: str, arr: Array) -> np.ndarray:
         )
     count = math.prod(shape)
     if len(data) != buf.tell() + count * dtype.itemsize:
-        raise ValueError(f"array '{name}' has {len(data) - buf.tell()} data bytes; its header says {count * dtype.itemsize}")
+        raise ValueError(
+            f"array '{name}' has {len(data) - buf.tell()} data bytes; its header says {count * dtype.itemsize}"
+        )
     return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape).copy()
 
 

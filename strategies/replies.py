@@ -160,7 +160,7 @@ def _validated_payload(
     if callable(spec):
         try:
             return payload, decode_all(spec, payload)
-        except Exception as exc:  # a decoder fed hostile arrays may fail in many ways: reject, never crash
+        except Exception as exc:  # noqa: BLE001 -- a decoder fed hostile arrays may fail in many ways: reject
             raise ValueError(f"payload does not decode: {type(exc).__name__}: {str(exc)[:200]}") from None
     if set(payload) != set(spec):
         raise ValueError(f"payload arrays {sorted(payload)[:8]} != expected {sorted(spec)}")
@@ -177,7 +177,7 @@ def _validated_metrics(metrics: MetricRecord, limits: ReplyLimits) -> tuple[int,
     if not isinstance(num, int) or isinstance(num, bool) or not 0 < num <= limits.max_examples:
         raise ValueError(f"num-examples {str(num)[:40]} is not an int in 1..{limits.max_examples}")
     if not isinstance(loss, (int, float)) or isinstance(loss, bool):
-        raise ValueError(f"loss {str(loss)[:40]} is not a number")
+        raise ValueError(f"loss {str(loss)[:40]} is not a number")  # noqa: TRY004
     for key, want in limits.echo.items():
         got = metrics.get(key)
         if type(got) is not type(want) or got != want:

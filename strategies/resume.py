@@ -21,7 +21,7 @@ from fedsketch.checkpoint import Checkpoint, CheckpointError
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.flat import set_flat
 
-BOOKS = ("_totals", "_since_row", "_dp_rounds", "_last_loss", "_node_cid", "_homes")
+BOOKS = ("_totals", "_since_row", "_dp_rounds", "_last_loss", "_node_cid", "_homes", "_changed_at", "_synced")
 """The strategy's bookkeeping that a resumed run must continue from (counters, DP rounds, node maps)."""
 
 

@@ -41,7 +41,9 @@ def copy_content(content: RecordDict) -> RecordDict:
     out = RecordDict()
     for key, record in content.items():
         if isinstance(record, ArrayRecord):
-            out[key] = ArrayRecord({n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()})
+            out[key] = ArrayRecord(
+                {n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()}
+            )
         else:
             out[key] = type(record)(copy.deepcopy(dict(record)))
     return out
@@ -73,8 +75,11 @@ class InProcessGrid:
     ) -> None:  # fmt: skip
         self.contexts = {
             nid: Context(
-                run_id=1, node_id=nid, node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(), run_config=dict(run_config),
+                run_id=1,
+                node_id=nid,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
             )
             for i, nid in enumerate(range(101, 101 + num_nodes))
         }

@@ -48,7 +48,9 @@ def rows(path: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
     return [{k: v for k, v in json.loads(line).items() if k not in CLOCK} for line in lines]
 
 
-@pytest.mark.parametrize("settings", [{}, {"strategy": "fedavg"}, {"clip-norm": 0.5, "dp-noise-multiplier": 0.3}])
+@pytest.mark.parametrize(
+    "settings", [{"download": "sparse"}, {"strategy": "fedavg"}, {"clip-norm": 0.5, "dp-noise-multiplier": 0.3}]
+)
 def test_an_interrupted_run_resumes_to_the_same_model_and_metrics(tmp_path: Path, settings: dict[str, Any]) -> None:
     cfg = RunConfig.from_mapping({**SETTINGS, **settings})
     whole = run(cfg, tmp_path / "whole")
@@ -92,7 +94,9 @@ def test_a_checkpoint_of_other_settings_is_refused_but_runtime_settings_may_chan
     assert checkpoint.load(tmp_path, RunConfig.from_mapping({"round-timeout": 5.0}, base=cfg)) is not None
 
 
-def test_a_checkpoint_survives_a_crash_while_the_next_one_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_survives_a_crash_while_the_next_one_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = RunConfig.from_mapping({**SETTINGS, "num-rounds": 2})
     first = run(cfg, tmp_path)
     ckpt = checkpoint.load(tmp_path, cfg)

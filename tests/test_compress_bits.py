@@ -36,19 +36,13 @@ def test_layout_is_a_little_endian_bit_stream(bits: int, n: int) -> None:
     values = np.random.default_rng(bits * 1000 + n).integers(0, 1 << bits, n)
     stream = [(int(v) >> t) & 1 for v in values for t in range(bits)]
     stream += [0] * (-len(stream) % 8)
-    expected = [
-        sum(stream[8 * j + q] << q for q in range(8)) for j in range(len(stream) // 8)
-    ]
-    np.testing.assert_array_equal(
-        pack_bits(values, bits), np.array(expected, dtype=np.uint8)
-    )
+    expected = [sum(stream[8 * j + q] << q for q in range(8)) for j in range(len(stream) // 8)]
+    np.testing.assert_array_equal(pack_bits(values, bits), np.array(expected, dtype=np.uint8))
 
 
 def test_one_bit_matches_numpy_packbits() -> None:
     values = np.random.default_rng(0).integers(0, 2, 77).astype(np.uint8)
-    np.testing.assert_array_equal(
-        pack_bits(values, 1), np.packbits(values, bitorder="little")
-    )
+    np.testing.assert_array_equal(pack_bits(values, 1), np.packbits(values, bitorder="little"))
 
 
 def test_rejects_values_that_do_not_fit() -> None:

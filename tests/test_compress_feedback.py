@@ -28,9 +28,7 @@ def updates(seed: int) -> list[torch.Tensor]:
         ("random_k", {"k": 5}),
     ],
 )
-def test_sent_plus_final_error_equals_sum_of_updates(
-    name: str, options: dict[str, object]
-) -> None:
+def test_sent_plus_final_error_equals_sum_of_updates(name: str, options: dict[str, object]) -> None:
     comp = get_compressor(name, D, **options)
     error: torch.Tensor | None = None
     sent = torch.zeros(D, dtype=torch.float64)
@@ -53,13 +51,9 @@ def test_sent_plus_final_error_equals_sum_of_updates(
 
 def test_first_round_error_is_what_was_not_sent() -> None:
     x = torch.tensor([5.0, -1.0, 0.5, -7.0])
-    payload, error = compress_with_feedback(
-        x, None, partial(topk.compress, k=2), partial(topk.decompress, d=4)
-    )
+    payload, error = compress_with_feedback(x, None, partial(topk.compress, k=2), partial(topk.decompress, d=4))
     torch.testing.assert_close(error, torch.tensor([0.0, -1.0, 0.5, 0.0]))
-    torch.testing.assert_close(
-        topk.decompress(payload, 4), torch.tensor([5.0, 0.0, 0.0, -7.0])
-    )
+    torch.testing.assert_close(topk.decompress(payload, 4), torch.tensor([5.0, 0.0, 0.0, -7.0]))
 
 
 def test_error_feedback_eventually_sends_small_coordinates() -> None:
@@ -68,9 +62,7 @@ def test_error_feedback_eventually_sends_small_coordinates() -> None:
     error: torch.Tensor | None = None
     sent = torch.zeros(4)
     for _ in range(40):
-        payload, error = compress_with_feedback(
-            x, error, partial(topk.compress, k=3), partial(topk.decompress, d=4)
-        )
+        payload, error = compress_with_feedback(x, error, partial(topk.compress, k=3), partial(topk.decompress, d=4))
         sent += topk.decompress(payload, 4)
     assert sent[0] > 0
 

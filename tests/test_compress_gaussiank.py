@@ -37,9 +37,7 @@ def test_gaussian_vectors_land_in_the_window_at_once(seed: int, k: int) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("make", [laplace, student_t3])
-def test_heavy_tails_land_within_the_documented_factors(
-    seed: int, make: object
-) -> None:
+def test_heavy_tails_land_within_the_documented_factors(seed: int, make: object) -> None:
     vec = make(seed)  # type: ignore[operator]
     for k in KS:
         paper = gaussiank.select(vec, k, adjust="paper").count
@@ -60,9 +58,7 @@ def test_selection_is_a_magnitude_threshold() -> None:
 
 def test_same_selection_for_x_and_minus_x() -> None:
     vec = gaussian(3) + 0.002
-    assert torch.equal(
-        gaussiank.select(vec, 300).indices, gaussiank.select(-vec, 300).indices
-    )
+    assert torch.equal(gaussiank.select(vec, 300).indices, gaussiank.select(-vec, 300).indices)
 
 
 def test_cap_keeps_the_exact_top_k_when_it_overshoots() -> None:

@@ -33,9 +33,7 @@ def assert_unbiased(mean: torch.Tensor, x: torch.Tensor, std: torch.Tensor) -> N
     """|mean - x| <= Z * std / sqrt(N) per coordinate (CLT), plus float32 slack."""
     tol = Z * std.double() / math.sqrt(SEEDS) + 1e-6 * x.abs().max().double()
     excess = (mean - x.double()).abs() - tol
-    assert float(excess.max()) <= 0.0, (
-        f"worst coordinate off by {float(excess.max())} beyond tolerance"
-    )
+    assert float(excess.max()) <= 0.0, f"worst coordinate off by {float(excess.max())} beyond tolerance"
 
 
 def vector(d: int = 40, seed: int = 0) -> torch.Tensor:
@@ -45,11 +43,7 @@ def vector(d: int = 40, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("bucket_size", [None, 16])
 def test_qsgd_is_unbiased(bucket_size: int | None) -> None:
     x, s = vector(), 4
-    rows = (
-        x.reshape(1, -1)
-        if bucket_size is None
-        else torch.nn.functional.pad(x, (0, 8)).reshape(-1, 16)
-    )
+    rows = x.reshape(1, -1) if bucket_size is None else torch.nn.functional.pad(x, (0, 8)).reshape(-1, 16)
     norms = rows.norm(dim=1, keepdim=True).expand_as(rows).reshape(-1)[: x.numel()]
     r = x.abs() / norms * s
     p = r - r.floor()
@@ -102,9 +96,7 @@ def test_qsgd_bytes_s4_d1000() -> None:
 
 
 @pytest.mark.parametrize(("d", "bucket_size"), [(1001, None), (1001, 128), (64, 64)])
-def test_bytes_of_terngrad_signsgd_and_bucketed_qsgd(
-    d: int, bucket_size: int | None
-) -> None:
+def test_bytes_of_terngrad_signsgd_and_bucketed_qsgd(d: int, bucket_size: int | None) -> None:
     nb = 1 if bucket_size is None else math.ceil(d / bucket_size)
     x = vector(d)
     tern = terngrad.compress(x, seed=0, bucket_size=bucket_size)
@@ -157,17 +149,11 @@ def test_qsgd_keeps_extreme_coordinates_exact() -> None:
 
 def test_decoding_with_other_settings_fails_loudly() -> None:
     payload = qsgd.compress(vector(100), s=4, seed=0)
-    with pytest.raises(
-        ValueError, match=r"'sign' is uint8\[13\]; expected uint8\[125\]"
-    ):
+    with pytest.raises(ValueError, match=r"'sign' is uint8\[13\]; expected uint8\[125\]"):
         qsgd.decompress(payload, 1000, s=4)
-    with pytest.raises(
-        ValueError, match=r"'level' is uint8\[38\]; expected uint8\[50\]"
-    ):
+    with pytest.raises(ValueError, match=r"'level' is uint8\[38\]; expected uint8\[50\]"):
         qsgd.decompress(payload, 100, s=8)
-    with pytest.raises(
-        ValueError, match=r"'norm' is float32\[1\]; expected float32\[4\]"
-    ):
+    with pytest.raises(ValueError, match=r"'norm' is float32\[1\]; expected float32\[4\]"):
         qsgd.decompress(payload, 100, s=4, bucket_size=32)
     with pytest.raises(ValueError, match="no 'scale' array"):
         terngrad.decompress(payload, 100)

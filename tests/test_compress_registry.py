@@ -36,9 +36,7 @@ def test_payloads_survive_np_save_and_decode_to_float32(name: str) -> None:
     payload = comp.compress(x, seed=9)
     restored = {}
     for key, arr in payload.items():
-        assert isinstance(arr, np.ndarray) and arr.dtype != object and arr.ndim == 1, (
-            key
-        )
+        assert isinstance(arr, np.ndarray) and arr.dtype != object and arr.ndim == 1, key
         buf = io.BytesIO()
         np.save(buf, arr, allow_pickle=False)
         buf.seek(0)
@@ -53,9 +51,7 @@ def test_identity_is_exact_and_biased_flags_are_right() -> None:
     x = torch.randn(D)
     comp = get_compressor("none", D)
     assert torch.equal(comp.decompress(comp.compress(x)), x)
-    flags = {
-        name: get_compressor(name, D, **opts).unbiased for name, opts in OPTIONS.items()
-    }
+    flags = {name: get_compressor(name, D, **opts).unbiased for name, opts in OPTIONS.items()}
     assert flags == {
         "none": True,
         "topk": False,
@@ -69,13 +65,9 @@ def test_identity_is_exact_and_biased_flags_are_right() -> None:
 
 
 def test_unknown_names_and_options_are_refused_with_the_reason() -> None:
-    with pytest.raises(
-        ValueError, match=r"unknown compressor 'qsdg' \(did you mean 'qsgd'\?\)"
-    ):
+    with pytest.raises(ValueError, match=r"unknown compressor 'qsdg' \(did you mean 'qsgd'\?\)"):
         get_compressor("qsdg", D, s=4)
-    with pytest.raises(
-        ValueError, match=r"qsgd takes options \['bucket_size', 's'\]; unknown: \['k'\]"
-    ):
+    with pytest.raises(ValueError, match=r"qsgd takes options \['bucket_size', 's'\]; unknown: \['k'\]"):
         get_compressor("qsgd", D, s=4, k=3)
     with pytest.raises(ValueError, match=r"missing: \['k'\]"):
         get_compressor("topk", D)
@@ -113,10 +105,7 @@ def test_vectors_and_seeds_are_checked() -> None:
 def test_derive_seed_is_a_fixed_function_of_its_parts() -> None:
     a = derive_seed(0, 5, 17)
     assert a == 61051975004544691  # numpy's SeedSequence hash is stable across versions
-    assert (
-        len({a, derive_seed(0, 17, 5), derive_seed(1, 5, 17), derive_seed(0, 5, 18)})
-        == 4
-    )
+    assert len({a, derive_seed(0, 17, 5), derive_seed(1, 5, 17), derive_seed(0, 5, 18)}) == 4
     assert 0 <= a < 2**63
     with pytest.raises(ValueError, match=r"part 1 must be in \[0"):
         derive_seed(0, -1)

@@ -39,9 +39,7 @@ def test_true_topk_conserves_mass(zeroing: bool) -> None:
         assert torch.count_nonzero(delta) <= 7
         applied += delta.double()
         accumulated += lr * velocity.double()
-    torch.testing.assert_close(
-        applied + state.error.double(), accumulated, rtol=0, atol=1e-5
-    )
+    torch.testing.assert_close(applied + state.error.double(), accumulated, rtol=0, atol=1e-5)
 
 
 def test_momentum_zeroing_clears_momentum_at_the_support() -> None:
@@ -84,12 +82,8 @@ def test_weighted_mean_of_sparse_payloads_matches_the_dense_mean() -> None:
         payloads.append(encode_sparse(idx, x[idx], D))
     weights = [10.0, 30.0, 60.0]
     expected = server.weighted_mean(dense, weights)
-    torch.testing.assert_close(
-        expected, 0.1 * dense[0] + 0.3 * dense[1] + 0.6 * dense[2]
-    )
-    torch.testing.assert_close(
-        server.weighted_mean_sparse(payloads, weights, D), expected
-    )
+    torch.testing.assert_close(expected, 0.1 * dense[0] + 0.3 * dense[1] + 0.6 * dense[2])
+    torch.testing.assert_close(server.weighted_mean_sparse(payloads, weights, D), expected)
 
 
 def test_rejects_bad_parameters_and_inputs() -> None:

@@ -51,9 +51,7 @@ def test_round_trip(case: tuple[int, np.ndarray, np.ndarray], varint: bool) -> N
 @pytest.mark.parametrize("d", [25, 100, 3200, 10001])
 def test_bitmap_exactly_when_it_is_smaller(d: int) -> None:
     """4k index bytes against ceil(d/8) mask bytes: bitmap iff k > d/32 (ties: indices)."""
-    for k in sorted(
-        {1, d // 32 - 1, d // 32, d // 32 + 1, d // 32 + 2, d // 2, d} - {0, -1}
-    ):
+    for k in sorted({1, d // 32 - 1, d // 32, d // 32 + 1, d // 32 + 2, d // 2, d} - {0, -1}):
         idx, val = random_sparse(d, k, seed=k)
         payload = encode_sparse(idx, val, d)
         bitmap = 4 * k > (d + 7) // 8

@@ -105,10 +105,7 @@ def test_cifar_from_pickled_batches(tmp_path: Path, dataset: str, classes: int) 
 def test_cifar_reads_python3_pickles_and_refuses_code(tmp_path: Path) -> None:
     write_cifar(tmp_path, "cifar10", protocol=pickle.HIGHEST_PROTOCOL)
     assert (
-        load_federated(
-            DataSpec(dataset="cifar10", root=str(tmp_path), partition="iid", num_clients=2)
-        ).num_clients
-        == 2
+        load_federated(DataSpec(dataset="cifar10", root=str(tmp_path), partition="iid", num_clients=2)).num_clients == 2
     )
     evil = tmp_path / "evil"
     write_cifar(evil, "cifar10")
@@ -160,9 +157,7 @@ def test_npz_with_natural_client_ids(tmp_path: Path) -> None:
     assert data.input_shape == (4,) and data.num_classes == 3 and data.train_x.dtype == torch.float32
     np.savez(tmp_path / "bad.npz", x_train=np.zeros((2, 2)))
     with pytest.raises(ValueError, match="y_train"):
-        load_federated(
-            DataSpec(dataset="npz", root=str(tmp_path / "bad.npz"), partition="iid", num_clients=1)
-        )
+        load_federated(DataSpec(dataset="npz", root=str(tmp_path / "bad.npz"), partition="iid", num_clients=1))
 
 
 def test_from_arrays_accepts_torch_datasets_and_checks_inputs() -> None:

@@ -39,9 +39,7 @@ def test_every_sample_exactly_once_and_no_client_empty(partition: str) -> None:
 def test_10000_clients_over_50000_samples(partition: str) -> None:
     """FetchSGD's CIFAR scale: 10,000 clients of 5 samples (timings are in the README)."""
     labels = np.repeat(np.arange(10), 5000)
-    spec = DataSpec(
-        partition=partition, num_clients=10_000, classes_per_client=1, shards_per_client=1, alpha=0.1
-    )
+    spec = DataSpec(partition=partition, num_clients=10_000, classes_per_client=1, shards_per_client=1, alpha=0.1)
     parts = partition_labels(labels, spec)
     assert min(part.size for part in parts) >= 1
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(50_000))
@@ -60,9 +58,7 @@ def test_deterministic_in_the_seed() -> None:
 @pytest.mark.parametrize("per_client", [1, 2, 3])
 def test_pathological_clients_hold_exactly_n_classes(per_client: int) -> None:
     labels = _labels(2000, 10)
-    parts = partition_labels(
-        labels, DataSpec(partition="pathological", num_clients=50, classes_per_client=per_client)
-    )
+    parts = partition_labels(labels, DataSpec(partition="pathological", num_clients=50, classes_per_client=per_client))
     assert {len(np.unique(labels[part])) for part in parts} == {per_client}
     sizes = [part.size for part in parts]
     assert max(sizes) - min(sizes) <= per_client + 1  # each class is split evenly among its holders

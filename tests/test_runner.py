@@ -24,7 +24,9 @@ def test_default_config_is_valid_and_compares_fetchsgd_with_fedavg() -> None:
 
 
 def test_strategies_times_seeds_with_per_strategy_and_command_line_overrides(tmp_path: Path) -> None:
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 [run]
 num-rounds = 7
 lr = 0.5
@@ -33,7 +35,8 @@ strategies = ["fetchsgd", "fedavg"]
 seeds = 2
 [strategy.fedavg]
 lr = 0.05
-""")
+""",
+    )
     exp = runner.load_experiment(path, overrides=runner.parse_overrides(["num-rounds=3", "k=10"]))
     assert [(r.strategy, r.seed, r.num_rounds, r.lr, r.k) for r in exp.runs] == [
         ("fetchsgd", 0, 3, 0.5, 10), ("fetchsgd", 1, 3, 0.5, 10),

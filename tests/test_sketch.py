@@ -127,7 +127,9 @@ def test_float64_stays_float64() -> None:
     sketch = sketch_of(vec, 5, 10_000, dtype=torch.float64)
     estimates = sketch.estimate()
     assert sketch.table.dtype == estimates.dtype == sketch.topk(10)[1].dtype == torch.float64
-    assert torch.equal(sketch.topk(10)[1], estimates[torch.sort(estimates.abs(), descending=True, stable=True).indices[:10]])
+    assert torch.equal(
+        sketch.topk(10)[1], estimates[torch.sort(estimates.abs(), descending=True, stable=True).indices[:10]]
+    )
 
 
 def test_topk_of_all_coordinates_and_ties_go_to_the_smaller_index() -> None:
@@ -237,14 +239,18 @@ def fingerprints() -> dict[str, object]:
     huge = CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2))
     estimates = huge.estimate(idx)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    digest = {name: hashlib.sha256(t.numpy().tobytes()).hexdigest() for name, t in (("table", table), ("huge", estimates))}
+    digest = {
+        name: hashlib.sha256(t.numpy().tobytes()).hexdigest() for name, t in (("table", table), ("huge", estimates))
+    }
     return {**digest, "exact": bool(torch.equal(estimates, randn(1_000, 2))), "grown_mb": float(grown_mb)}
 
 
 @pytest.fixture(scope="module")
 def other_process() -> dict[str, object]:
     code = "import sys, json; sys.path.insert(0, 'tests'); from test_sketch import fingerprints; print(json.dumps(fingerprints()))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

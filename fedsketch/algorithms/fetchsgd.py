@@ -133,9 +133,7 @@ def step(
     return FetchSGDState(momentum=momentum, error=error), FetchSGDUpdate(indices, values)
 
 
-def _take_out(
-    sketch: CountSketch, indices: torch.Tensor, values: torch.Tensor, variant: str
-) -> torch.Tensor:
+def _take_out(sketch: CountSketch, indices: torch.Tensor, values: torch.Tensor, variant: str) -> torch.Tensor:
     """Remove coordinates ``indices`` (whose estimates are ``values``) from a sketch.
 
     Returns a new table; the input sketch's table is not modified.

@@ -31,8 +31,6 @@ def step(
 ) -> tuple[MomentumState, torch.Tensor]:
     """``u = rho * u + g``; returns the new state and ``lr * u`` to subtract from ``w``."""
     if mean_update.shape != state.velocity.shape:
-        raise ValueError(
-            f"update has shape {tuple(mean_update.shape)}; expected {tuple(state.velocity.shape)}"
-        )
+        raise ValueError(f"update has shape {tuple(mean_update.shape)}; expected {tuple(state.velocity.shape)}")
     velocity = momentum * state.velocity + mean_update
     return MomentumState(velocity=velocity), lr * velocity

@@ -48,23 +48,15 @@ def pack_bits(values: np.ndarray, bits: int) -> np.ndarray:
     """
     bits = check_int("bits", bits, 1, MAX_BITS)
     arr = np.asarray(values)
-    if arr.ndim != 1 or not (
-        np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_
-    ):
-        raise ValueError(
-            f"values must be a 1-D integer array; got {arr.dtype}{list(arr.shape)}"
-        )
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+        raise ValueError(f"values must be a 1-D integer array; got {arr.dtype}{list(arr.shape)}")
     n = arr.size
     if n and (int(arr.min()) < 0 or int(arr.max()) >= 1 << bits):
-        raise ValueError(
-            f"values must be in [0, {1 << bits}) for {bits} bits; got [{arr.min()}, {arr.max()}]"
-        )
+        raise ValueError(f"values must be in [0, {1 << bits}) for {bits} bits; got [{arr.min()}, {arr.max()}]")
     groups = -(-n // 8)
     padded = np.zeros(groups * 8, dtype=np.uint64)
     padded[:n] = arr
-    words = np.bitwise_or.reduce(
-        padded.reshape(groups, 8) << (_SHIFTS * np.uint64(bits)), axis=1
-    )
+    words = np.bitwise_or.reduce(padded.reshape(groups, 8) << (_SHIFTS * np.uint64(bits)), axis=1)
     stream = words.astype("<u8").view(np.uint8).reshape(groups, 8)[:, :bits].reshape(-1)
     return np.ascontiguousarray(stream[: packed_size(n, bits)])
 

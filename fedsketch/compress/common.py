@@ -47,13 +47,9 @@ def check_vector(vec: torch.Tensor, d: int | None = None) -> torch.Tensor:
         (when ``d`` is given) does not have length ``d``.
     """
     if not isinstance(vec, torch.Tensor) or not vec.is_floating_point():
-        raise TypeError(
-            f"expected a floating-point torch.Tensor; got {type(vec).__name__}"
-        )
+        raise TypeError(f"expected a floating-point torch.Tensor; got {type(vec).__name__}")
     if vec.dim() != 1 or vec.numel() == 0:
-        raise ValueError(
-            f"expected a non-empty 1-D vector; got shape {tuple(vec.shape)}"
-        )
+        raise ValueError(f"expected a non-empty 1-D vector; got shape {tuple(vec.shape)}")
     if vec.numel() > MAX_D:
         raise ValueError(f"vector length {vec.numel()} exceeds {MAX_D} (int32 indices)")
     if d is not None and vec.numel() != d:
@@ -94,9 +90,7 @@ def num_buckets(d: int, bucket_size: int | None) -> int:
     return 1 if bucket_size is None else math.ceil(d / bucket_size)
 
 
-def require(
-    payload: Payload, key: str, dtype: type, shape: tuple[int, ...], method: str
-) -> np.ndarray:
+def require(payload: Payload, key: str, dtype: type, shape: tuple[int, ...], method: str) -> np.ndarray:
     """``payload[key]``, after checking that it exists with this dtype and shape.
 
     Raises
@@ -107,9 +101,7 @@ def require(
         instead of decoding to garbage.
     """
     if key not in payload:
-        raise ValueError(
-            f"{method} payload has no {key!r} array; keys: {sorted(payload)}"
-        )
+        raise ValueError(f"{method} payload has no {key!r} array; keys: {sorted(payload)}")
     arr = np.asarray(payload[key])
     if arr.dtype != np.dtype(dtype) or arr.shape != shape:
         raise ValueError(
@@ -137,9 +129,7 @@ def derive_seed(*parts: int) -> int:
         raise ValueError("derive_seed needs at least one part")
     for i, part in enumerate(parts):
         check_int(f"part {i}", part, 0)
-    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(
-        1, dtype=np.uint64
-    )
+    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)
     return int(state[0]) % _SEED_BOUND
 
 

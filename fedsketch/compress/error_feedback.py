@@ -60,14 +60,8 @@ def compress_with_feedback(
     """
     update = check_vector(update)
     if error is not None and error.shape != update.shape:
-        raise ValueError(
-            f"error has shape {tuple(error.shape)}; update has {tuple(update.shape)}"
-        )
-    target = (
-        update
-        if error is None
-        else update + error.to(device=update.device, dtype=torch.float32)
-    )
+        raise ValueError(f"error has shape {tuple(error.shape)}; update has {tuple(update.shape)}")
+    target = update if error is None else update + error.to(device=update.device, dtype=torch.float32)
     payload = compress_fn(target)
     new_error = target - decompress_fn(payload).to(target.device)
     return payload, new_error

@@ -87,9 +87,7 @@ def initial_threshold(vec: torch.Tensor, k: int) -> float:
     return abs(float(mean)) + z * float(std)
 
 
-def select(
-    vec: torch.Tensor, k: int, *, max_rounds: int = 3, adjust: str = "paper"
-) -> Selection:
+def select(vec: torch.Tensor, k: int, *, max_rounds: int = 3, adjust: str = "paper") -> Selection:
     """Threshold selection of about ``k`` coordinates of ``vec`` (see the module docstring).
 
     Raises
@@ -112,14 +110,10 @@ def select(
             break
         threshold = _next_threshold(tried, k, adjust)
     indices = torch.nonzero(mask).reshape(-1)
-    return Selection(
-        indices=indices, values=vec[indices], threshold=threshold, rounds=rounds
-    )
+    return Selection(indices=indices, values=vec[indices], threshold=threshold, rounds=rounds)
 
 
-def encode(
-    selection: Selection, k: int, d: int, *, cap: bool = True, varint: bool = False
-) -> Payload:
+def encode(selection: Selection, k: int, d: int, *, cap: bool = True, varint: bool = False) -> Payload:
     """Sparse payload of a selection; ``cap`` keeps only its ``k`` largest coordinates."""
     indices, values = selection.indices, selection.values
     if cap and selection.count > k:
@@ -158,7 +152,5 @@ def _next_threshold(tried: list[tuple[float, int]], k: int, adjust: str) -> floa
         if c_b == 0:
             return 0.5 * (t_a + t_b)
         # log(count) linear in t between the bracketing pairs; c_a > c_b > 0.
-        return t_a + (math.log(k) - math.log(c_a)) * (t_b - t_a) / (
-            math.log(c_b) - math.log(c_a)
-        )
+        return t_a + (math.log(k) - math.log(c_a)) * (t_b - t_a) / (math.log(c_b) - math.log(c_a))
     return threshold * (SHRINK if count < LOW * k else GROW)

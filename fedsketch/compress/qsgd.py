@@ -47,9 +47,7 @@ def level_bits(s: int) -> int:
     return check_int("s", s, 1, MAX_LEVELS).bit_length()
 
 
-def compress(
-    vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = None
-) -> Payload:
+def compress(vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = None) -> Payload:
     """Quantize ``vec`` to ``s`` levels per bucket norm, with stochastic rounding from ``seed``.
 
     The rounding noise comes from a private generator on ``vec``'s device; only
@@ -74,9 +72,7 @@ def compress(
     }
 
 
-def decompress(
-    payload: Payload, d: int, *, s: int, bucket_size: int | None = None
-) -> torch.Tensor:
+def decompress(payload: Payload, d: int, *, s: int, bucket_size: int | None = None) -> torch.Tensor:
     """``norm * sign * level / s`` per coordinate, as a float32 vector of length ``d``."""
     d = check_d(d)
     bits = level_bits(s)
@@ -86,9 +82,7 @@ def decompress(
     level = require(payload, "level", np.uint8, (packed_size(d, bits),), METHOD)
     levels = torch.from_numpy(unpack_bits(level, bits, d)).to(torch.float32)
     if levels.numel() and float(levels.max()) > s:
-        raise ValueError(
-            f"qsgd payload has a level above s={s} (was it sent with another s?)"
-        )
+        raise ValueError(f"qsgd payload has a level above s={s} (was it sent with another s?)")
     signs = 1.0 - 2.0 * torch.from_numpy(unpack_bits(sign, 1, d)).to(torch.float32)
     scale = buckets.expand(torch.from_numpy(norms.copy()), d, bucket_size)
     return scale * signs * levels / s

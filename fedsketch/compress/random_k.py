@@ -67,9 +67,7 @@ def decompress(payload: Payload, d: int, *, seed: int) -> torch.Tensor:
     d = check_d(d)
     val = np.asarray(payload.get("val"))
     if val.dtype != np.float32 or val.ndim != 1 or not 1 <= val.size <= d:
-        raise ValueError(
-            f"random_k payload 'val' must be float32[k], 1 <= k <= {d}; got {val.dtype}{list(val.shape)}"
-        )
+        raise ValueError(f"random_k payload 'val' must be float32[k], 1 <= k <= {d}; got {val.dtype}{list(val.shape)}")
     out = torch.zeros(d, dtype=torch.float32)
     out[coordinates(d, val.size, seed)] = torch.from_numpy(val.copy())
     return out

@@ -54,9 +54,7 @@ class Compressor(Protocol):
 
     def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload: ...
 
-    def decompress(
-        self, payload: Payload, *, seed: int | None = None
-    ) -> torch.Tensor: ...
+    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -138,9 +136,7 @@ class GaussianK:
         check_int("k", self.k, 1, check_d(self.d))
         check_int("max_rounds", self.max_rounds, 1)
         if self.adjust not in gaussiank.ADJUST_RULES:
-            raise ValueError(
-                f"adjust must be one of {gaussiank.ADJUST_RULES}; got {self.adjust!r}"
-            )
+            raise ValueError(f"adjust must be one of {gaussiank.ADJUST_RULES}; got {self.adjust!r}")
 
     def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
         return gaussiank.compress(
@@ -249,20 +245,14 @@ def get_compressor(name: str, d: int, **options: object) -> Compressor:
     if name not in COMPRESSORS:
         close = difflib.get_close_matches(name, COMPRESSORS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"unknown compressor {name!r}{hint}; known: {sorted(COMPRESSORS)}"
-        )
+        raise ValueError(f"unknown compressor {name!r}{hint}; known: {sorted(COMPRESSORS)}")
     factory = COMPRESSORS[name]
     params = inspect.signature(factory).parameters
     accepted = sorted(p for p in params if p != "d")
     unknown = sorted(set(options) - set(params) | ({"d"} & set(options)))
     missing = sorted(
-        p
-        for p, spec in params.items()
-        if p != "d" and spec.default is inspect.Parameter.empty and p not in options
+        p for p, spec in params.items() if p != "d" and spec.default is inspect.Parameter.empty and p not in options
     )
     if unknown or missing:
-        raise ValueError(
-            f"{name} takes options {accepted}; unknown: {unknown}, missing: {missing}"
-        )
+        raise ValueError(f"{name} takes options {accepted}; unknown: {unknown}, missing: {missing}")
     return factory(d=d, **options)

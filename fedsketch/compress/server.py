@@ -62,9 +62,7 @@ class TopkServerParams:
             raise ValueError(f"momentum must be in [0, 1); got {self.momentum}")
 
 
-def true_topk(
-    d: int, k: int, *, momentum: float = 0.9, momentum_zeroing: bool = True
-) -> TopkServerParams:
+def true_topk(d: int, k: int, *, momentum: float = 0.9, momentum_zeroing: bool = True) -> TopkServerParams:
     """Parameters of the true top-k server (dense uploads, top-k of the accumulated error)."""
     return TopkServerParams(
         d=d,
@@ -82,9 +80,7 @@ def local_topk(
     momentum_zeroing: bool = True,
 ) -> TopkServerParams:
     """Parameters of the local top-k server; ``download_k`` sparsifies the model update."""
-    return TopkServerParams(
-        d=d, k=download_k, momentum=momentum, momentum_zeroing=momentum_zeroing
-    )
+    return TopkServerParams(d=d, k=download_k, momentum=momentum, momentum_zeroing=momentum_zeroing)
 
 
 @dataclass(frozen=True)
@@ -97,9 +93,7 @@ class TopkServerState:
     error: torch.Tensor
 
 
-def init(
-    params: TopkServerParams, device: torch.device | str | None = None
-) -> TopkServerState:
+def init(params: TopkServerParams, device: torch.device | str | None = None) -> TopkServerState:
     """Zero momentum and error."""
     zeros = torch.zeros(params.d, dtype=torch.float32, device=device)
     return TopkServerState(momentum=zeros, error=zeros.clone())
@@ -144,24 +138,18 @@ def step(
     return TopkServerState(momentum=velocity, error=error), delta
 
 
-def weighted_mean(
-    updates: Sequence[torch.Tensor], weights: Sequence[float]
-) -> torch.Tensor:
+def weighted_mean(updates: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     """``sum_i w_i x_i / sum_i w_i`` of dense client updates (e.g. by example counts)."""
     norm = _normalized(weights, len(updates))
     out = torch.zeros_like(updates[0], dtype=torch.float32)
     for x, w in zip(updates, norm):
         if x.shape != out.shape:
-            raise ValueError(
-                f"updates have shapes {tuple(out.shape)} and {tuple(x.shape)}"
-            )
+            raise ValueError(f"updates have shapes {tuple(out.shape)} and {tuple(x.shape)}")
         out.add_(x.to(out), alpha=w)
     return out
 
 
-def weighted_mean_sparse(
-    payloads: Sequence[Payload], weights: Sequence[float], d: int
-) -> torch.Tensor:
+def weighted_mean_sparse(payloads: Sequence[Payload], weights: Sequence[float], d: int) -> torch.Tensor:
     """Weighted mean of sparse payloads without densifying each one (O(sum of k) work)."""
     norm = _normalized(weights, len(payloads))
     out = torch.zeros(check_d(d), dtype=torch.float32)
@@ -174,12 +162,8 @@ def weighted_mean_sparse(
 def _normalized(weights: Sequence[float], n: int) -> list[float]:
     """Weights divided by their sum, after checking there is one per update."""
     if n == 0 or len(weights) != n:
-        raise ValueError(
-            f"need one weight per update and at least one update; got {len(weights)} and {n}"
-        )
+        raise ValueError(f"need one weight per update and at least one update; got {len(weights)} and {n}")
     if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(
-            f"weights must be finite, >= 0 and not all zero; got {list(weights)}"
-        )
+        raise ValueError(f"weights must be finite, >= 0 and not all zero; got {list(weights)}")
     total = float(sum(weights))
     return [float(w) / total for w in weights]

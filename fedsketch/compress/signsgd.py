@@ -65,15 +65,11 @@ def compress(vec: torch.Tensor, *, bucket_size: int | None = None, zero_seed: in
     return {"scale": scalars(scale), "sign": pack_bits(negative.cpu().numpy(), 1)}
 
 
-def decompress(
-    payload: Payload, d: int, *, bucket_size: int | None = None
-) -> torch.Tensor:
+def decompress(payload: Payload, d: int, *, bucket_size: int | None = None) -> torch.Tensor:
     """``scale * (+1 or -1)`` per coordinate, as a float32 vector of length ``d``."""
     d = check_d(d)
     bucket_size = check_bucket_size(bucket_size)
-    scale = require(
-        payload, "scale", np.float32, (num_buckets(d, bucket_size),), METHOD
-    )
+    scale = require(payload, "scale", np.float32, (num_buckets(d, bucket_size),), METHOD)
     sign = require(payload, "sign", np.uint8, (packed_size(d, 1),), METHOD)
     signs = 1.0 - 2.0 * torch.from_numpy(unpack_bits(sign, 1, d)).to(torch.float32)
     return buckets.expand(torch.from_numpy(scale.copy()), d, bucket_size) * signs

@@ -101,30 +101,22 @@ def decode_sparse_pairs(payload: Payload, d: int) -> tuple[torch.Tensor, torch.T
         raise ValueError(f"unknown sparse encoding {enc}; known: {ENCODINGS}")
     val = np.asarray(payload.get("val"))
     if val.dtype != np.float32 or val.ndim != 1:
-        raise ValueError(
-            f"sparse payload 'val' must be float32[k]; got {val.dtype}{list(val.shape)}"
-        )
+        raise ValueError(f"sparse payload 'val' must be float32[k]; got {val.dtype}{list(val.shape)}")
     k = val.size
     if enc == ENC_INDICES:
         idx = require(payload, "idx", np.int32, (k,), "sparse").astype(np.int64)
     elif enc == ENC_BITMAP:
-        bits = unpack_bits(
-            require(payload, "mask", np.uint8, (packed_size(d, 1),), "sparse"), 1, d
-        )
+        bits = unpack_bits(require(payload, "mask", np.uint8, (packed_size(d, 1),), "sparse"), 1, d)
         idx = np.flatnonzero(bits)
     else:
         gaps = np.asarray(payload.get("gaps"))
         if gaps.dtype != np.uint8 or gaps.ndim != 1:
-            raise ValueError(
-                f"sparse payload 'gaps' must be uint8[n]; got {gaps.dtype}{list(gaps.shape)}"
-            )
+            raise ValueError(f"sparse payload 'gaps' must be uint8[n]; got {gaps.dtype}{list(gaps.shape)}")
         idx = np.cumsum(_varint_decode(gaps, k) + 1) - 1
     if idx.size != k:
         raise ValueError(f"sparse payload has {idx.size} positions but {k} values")
     if k and (idx[0] < 0 or idx[-1] >= d or np.any(np.diff(idx) <= 0)):
-        raise ValueError(
-            f"sparse payload positions are not distinct, sorted and within [0, {d})"
-        )
+        raise ValueError(f"sparse payload positions are not distinct, sorted and within [0, {d})")
     return torch.from_numpy(idx), torch.from_numpy(val.copy())
 
 
@@ -179,9 +171,7 @@ def _sorted_pairs(
     idx = _to_numpy(indices)
     val = _to_numpy(values)
     if idx.ndim != 1 or val.ndim != 1 or idx.size != val.size:
-        raise ValueError(
-            f"indices and values must be 1-D of equal length; got {idx.shape} and {val.shape}"
-        )
+        raise ValueError(f"indices and values must be 1-D of equal length; got {idx.shape} and {val.shape}")
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
         raise ValueError(f"indices must be integers; got {idx.dtype}")
     idx = idx.astype(np.int64)
@@ -217,9 +207,7 @@ def _varint_decode(buf: np.ndarray, count: int) -> np.ndarray:
     """Inverse of :func:`_varint_encode`; checks that it holds exactly ``count`` numbers."""
     last = (buf & 0x80) == 0
     if int(last.sum()) != count or (buf.size and not last[-1]):
-        raise ValueError(
-            f"varint gaps hold {int(last.sum())} complete numbers; expected {count}"
-        )
+        raise ValueError(f"varint gaps hold {int(last.sum())} complete numbers; expected {count}")
     group = np.cumsum(last) - last  # which number each byte belongs to
     starts = np.concatenate(([0], np.flatnonzero(last)[:-1] + 1)).astype(np.int64)
     pos = np.arange(buf.size) - starts[group]

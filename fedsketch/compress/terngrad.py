@@ -37,9 +37,7 @@ METHOD = "terngrad"
 _BITS = 2
 
 
-def compress(
-    vec: torch.Tensor, *, seed: int, bucket_size: int | None = None
-) -> Payload:
+def compress(vec: torch.Tensor, *, seed: int, bucket_size: int | None = None) -> Payload:
     """Ternarize ``vec`` with stochastic rounding from ``seed`` (generator on ``vec``'s device)."""
     vec = check_vector(vec)
     bucket_size = check_bucket_size(bucket_size)
@@ -55,15 +53,11 @@ def compress(
     }
 
 
-def decompress(
-    payload: Payload, d: int, *, bucket_size: int | None = None
-) -> torch.Tensor:
+def decompress(payload: Payload, d: int, *, bucket_size: int | None = None) -> torch.Tensor:
     """``scale * {0, +1, -1}`` per coordinate, as a float32 vector of length ``d``."""
     d = check_d(d)
     bucket_size = check_bucket_size(bucket_size)
-    scale = require(
-        payload, "scale", np.float32, (num_buckets(d, bucket_size),), METHOD
-    )
+    scale = require(payload, "scale", np.float32, (num_buckets(d, bucket_size),), METHOD)
     tern = require(payload, "tern", np.uint8, (packed_size(d, _BITS),), METHOD)
     codes = torch.from_numpy(unpack_bits(tern, _BITS, d))
     if codes.numel() and int(codes.max()) > 2:

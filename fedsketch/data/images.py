@@ -80,9 +80,7 @@ def load_idx(path: str | Path) -> np.ndarray:
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - offset != expected:
-        raise ValueError(
-            f"{path}: header says {dims} ({expected} bytes) but {len(raw) - offset} bytes follow"
-        )
+        raise ValueError(f"{path}: header says {dims} ({expected} bytes) but {len(raw) - offset} bytes follow")
     return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(dims).astype(dtype.newbyteorder("="))
 
 
@@ -119,9 +117,7 @@ def load_mnist_like(root: str | Path, dataset: str) -> RawSplits:
     """uint8 train images, int64 train labels, test images, test labels of MNIST or Fashion-MNIST."""
     folder = _MNIST_FOLDERS[dataset]
     found = [
-        _find_idx(Path(root), folder, name, dataset)
-        for split in ("train", "test")
-        for name in _MNIST_FILES[split]
+        _find_idx(Path(root), folder, name, dataset) for split in ("train", "test") for name in _MNIST_FILES[split]
     ]
     x_train, x_test = load_idx_images(found[0]), load_idx_images(found[2])
     y_train, y_test = load_idx_labels(found[1]), load_idx_labels(found[3])

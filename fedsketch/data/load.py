@@ -118,9 +118,7 @@ def from_arrays(
             f"{name} has no natural clients (no client ids): choose partition iid, dirichlet, pathological or shards"
         )
     parts = partition_labels(ytr.numpy(), spec, None if client_ids is None else np.asarray(client_ids))
-    classes = (
-        num_classes if num_classes is not None else int(max(ytr.max(), yte.max() if yte.numel() else 0)) + 1
-    )
+    classes = num_classes if num_classes is not None else int(max(ytr.max(), yte.max() if yte.numel() else 0)) + 1
     return FederatedData(xtr, ytr, xte, yte, tuple(parts), classes, tuple(xtr.shape[1:]), name)
 
 
@@ -161,9 +159,7 @@ def from_idx_files(
 def _samples(x: Any, y: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(x, Dataset):
         if y is not None:
-            raise ValueError(
-                f"{split}: labels come from the Dataset's (sample, label) pairs; pass y_{split}=None"
-            )
+            raise ValueError(f"{split}: labels come from the Dataset's (sample, label) pairs; pass y_{split}=None")
         pairs = [x[i] for i in range(len(x))]  # type: ignore[arg-type]
         if not pairs:
             raise ValueError(f"{split}: the Dataset is empty")
@@ -172,15 +168,11 @@ def _samples(x: Any, y: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if xt.dtype == torch.uint8:
-        raise ValueError(
-            f"x_{split} is uint8: scale and normalize images first (e.g. fedsketch.data.normalize)"
-        )
+        raise ValueError(f"x_{split} is uint8: scale and normalize images first (e.g. fedsketch.data.normalize)")
     if yt.is_floating_point() or yt.is_complex() or yt.dtype == torch.bool:
         raise ValueError(f"y_{split} must hold integer labels; got {yt.dtype}")
     if yt.ndim != 1 or xt.ndim < 2 or xt.shape[0] != yt.shape[0]:
-        raise ValueError(
-            f"{split}: expected x (N, ...) and y (N,); got {tuple(xt.shape)} and {tuple(yt.shape)}"
-        )
+        raise ValueError(f"{split}: expected x (N, ...) and y (N,); got {tuple(xt.shape)} and {tuple(yt.shape)}")
     return xt.to(torch.float32), yt.to(torch.int64)
 
 

@@ -29,9 +29,7 @@ from fedsketch.data.spec import DataSpec
 _STREAM = 0x9A47  # keeps the partition's random stream apart from the generator's
 
 
-def partition_labels(
-    labels: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None = None
-) -> list[np.ndarray]:
+def partition_labels(labels: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None = None) -> list[np.ndarray]:
     """One sorted int64 index array per client, as ``spec`` configures.
 
     Parameters
@@ -68,9 +66,7 @@ def partition_labels(
     return parts
 
 
-def _owners(
-    y: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None, rng: np.random.Generator
-) -> np.ndarray:
+def _owners(y: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
     """The client of every sample under ``spec.partition`` (-1: unassigned)."""
     n, k = y.shape[0], spec.num_clients
     if spec.partition == "natural":

@@ -91,9 +91,7 @@ class DataSpec:
             raise ValueError(f"alpha (Dirichlet concentration) must be > 0; got {self.alpha}")
         for name in ("synthetic_alpha", "synthetic_beta"):
             if not getattr(self, name) >= 0:
-                raise ValueError(
-                    f"{name} is a standard deviation and must be >= 0; got {getattr(self, name)}"
-                )
+                raise ValueError(f"{name} is a standard deviation and must be >= 0; got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (numpy seeds are non-negative); got {self.seed}")
 
@@ -129,15 +127,11 @@ class FederatedData:
     def __post_init__(self) -> None:
         for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
             if x.dtype != torch.float32 or y.dtype != torch.int64:
-                raise ValueError(
-                    f"{split} data must be float32 samples and int64 labels; got {x.dtype}, {y.dtype}"
-                )
+                raise ValueError(f"{split} data must be float32 samples and int64 labels; got {x.dtype}, {y.dtype}")
             if x.shape[0] != y.shape[0] or y.ndim != 1:
                 raise ValueError(f"{split} has {x.shape[0]} samples but labels of shape {tuple(y.shape)}")
             if tuple(x.shape[1:]) != tuple(self.input_shape):
-                raise ValueError(
-                    f"{split} samples have shape {tuple(x.shape[1:])}; expected {self.input_shape}"
-                )
+                raise ValueError(f"{split} samples have shape {tuple(x.shape[1:])}; expected {self.input_shape}")
             if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
                 raise ValueError(
                     f"{split} labels must lie in [0, {self.num_classes}); got {int(y.min())}..{int(y.max())}"
@@ -147,9 +141,7 @@ class FederatedData:
         n = self.train_y.shape[0]
         for cid, idx in enumerate(self.client_indices):
             if idx.dtype != np.int64 or idx.ndim != 1:
-                raise ValueError(
-                    f"client {cid}: indices must be a 1-D int64 array; got {idx.dtype}, {idx.ndim}-D"
-                )
+                raise ValueError(f"client {cid}: indices must be a 1-D int64 array; got {idx.dtype}, {idx.ndim}-D")
             if idx.size and not 0 <= int(idx.min()) <= int(idx.max()) < n:
                 raise ValueError(f"client {cid}: indices must lie in [0, {n})")
             idx.flags.writeable = False  # shared by every caller of the cache
