@@ -1,0 +1,70 @@
+"""Checks that need the model, run before any Flower process starts; and why a run failed.
+
+Settings that do not fit the model (``k`` above the number of parameters,
+client state above ``max-client-state-mb``) would otherwise surface only inside
+the ServerApp, after Flower has started, as a traceback in ``flower.log``.
+Here the model is built from the dataset's known input shape, without loading
+any data, so the check is cheap even for datasets that take minutes to load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from fedsketch.config import RunConfig, check_against_model
+from fedsketch.data.synthetic import NUM_CLASSES, NUM_FEATURES
+from fedsketch.models import build_model
+
+SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    "synthetic": ((NUM_FEATURES,), NUM_CLASSES),
+    "mnist": ((1, 28, 28), 10),
+    "fashion_mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "femnist": ((1, 28, 28), 62),
+}
+"""Input shape and number of classes of each dataset whose shape is fixed (``npz`` is the user's)."""
+
+_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b: (.+)$")
+
+
+def model_size(cfg: RunConfig) -> int | None:
+    """The number of parameters of the run's model; ``None`` if the data must be read to know it."""
+    if cfg.dataset not in SHAPES:
+        return None
+    shape, classes = SHAPES[cfg.dataset]
+    model = build_model(cfg.model, shape, classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden)
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_runs(runs: Iterable[RunConfig]) -> None:
+    """Every run's model-dependent checks (one model build per distinct model).
+
+    Raises
+    ------
+    ConfigError
+        The first run whose settings do not fit its model, naming the setting.
+    """
+    sizes: dict[tuple[str, str, int, str], int | None] = {}
+    for cfg in runs:
+        key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
+        if key not in sizes:
+            sizes[key] = model_size(cfg)
+        d = sizes[key]
+        if d is not None:
+            check_against_model(cfg, d)
+
+
+def failure_reason(run_dir: Path) -> str:
+    """The last exception a failed run's ``flower.log`` records (``""`` if none)."""
+    log = run_dir / "flower.log"
+    if not log.is_file():
+        return ""
+    reason = ""
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _ERROR.match(line.strip())
+        if match:
+            reason = f"{match.group(1)}: {match.group(2)}"
+    return reason

@@ -1,0 +1,34 @@
+"""Every shipped experiment file is valid and says what it reproduces and what to expect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.runner import load_experiment
+from fedsketch.config import check_against_model
+from fedsketch.task import load_data, make_model
+
+CONFIGS = sorted((Path(__file__).parents[1] / "experiments" / "configs").glob("*.toml"))
+
+
+def test_the_paper_settings_are_shipped() -> None:
+    names = {p.stem for p in CONFIGS}
+    assert {"default", "baselines", "fetchsgd_cifar10", "fetchsgd_cifar10_cpu", "fetchsgd_femnist",
+            "fetchsgd_femnist_cpu", "sketched_sgd", "noniid_cpu"} <= names  # fmt: skip
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_is_valid_and_documented(path: Path) -> None:
+    runs = load_experiment(path).runs
+    assert runs, f"{path.name} runs nothing"
+    header = path.read_text(encoding="utf-8").split("[run]")[0]
+    assert header.lstrip().startswith("#") and "fedsketch run" in header, f"{path.name}: no header saying how to run it"
+    if path.stem not in ("default", "baselines"):
+        assert "expect" in header.lower(), f"{path.name}: the header does not say what result to expect"
+    if runs[0].dataset == "synthetic":  # embedded data: the model-size checks run here too
+        data = load_data(runs[0])
+        d = sum(p.numel() for p in make_model(runs[0], data).parameters())
+        for cfg in runs:
+            check_against_model(cfg, d)
