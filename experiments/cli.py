@@ -2,12 +2,15 @@
 
     fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
     fedsketch plot RUN_DIR
+    fedsketch report RUN_DIR [--target ACC ...]
     fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--set key=value ...]
     fedsketch deploy --kit DIR --server HOST [--supernodes N] [--port P]
 
 ``run`` with no CONFIG runs the embedded default (experiments/configs/default.toml):
 FetchSGD against uncompressed training on generated data, through Flower's
-simulation runtime, then draws the plots.
+simulation runtime, then draws the plots and writes the report. An experiment
+file's ``[sweep]`` table runs each strategy at every point of a grid of
+compression settings (see experiments/sweep.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="fedsketch",
         description="Federated learning with Count Sketches (FetchSGD) and its baselines, on Flower.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Results go to runs/<experiment>/<strategy>/ (metrics.jsonl, config.json, flower.log).",
+        epilog="Results go to runs/<experiment>/<strategy>/[<sweep point>/] (metrics.jsonl, config.json, flower.log).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run an experiment (default: the embedded default job)")
@@ -38,9 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
     run.add_argument("--supernodes", type=int, default=2,
                      help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)")  # fmt: skip
-    run.add_argument("--no-plot", action="store_true", help="do not draw plots at the end")
-    plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes")
+    run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
+    plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
+    report = sub.add_parser("report", help="write report.md and report.csv: accuracy and bytes per run group")
+    report.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
+    report.add_argument("--target", type=float, nargs="+", default=[], metavar="ACC",
+                        help="accuracies to report bytes-to-target for (default: 90%% of the best final)")  # fmt: skip
     _add_deploy_parser(sub)
     return parser
 
@@ -49,41 +56,73 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first, then execute them one by one with a progress display."""
     from experiments import runner
     from experiments.launch import Federation, flwr_run
-    from experiments.plots import plot_experiment
+    from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
+    from fedsketch import runlog
 
     overrides = runner.parse_overrides(args.overrides)
     overrides["out-dir"] = str(args.out.resolve())
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
+    check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
     federation = Federation(num_supernodes=args.supernodes)
     with make_progress() as progress:
 
         def execute(cfg: RunConfig, path: Path) -> int:
-            label = f"{cfg.strategy} seed {cfg.seed}"
-            watcher = RunWatcher(progress, label, path, cfg.num_rounds)
+            watcher = RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds)
             return flwr_run(APP_DIR, path / "run_config.toml", federation, path, poll=watcher)
 
         results = runner.run_all(experiment, execute)
-    failed = False
-    for cfg, outcome in results:
-        from fedsketch import runlog
-
-        print(f"{cfg.strategy:>12} seed {cfg.seed}: {outcome}  ({runlog.run_dir(cfg)})")
-        failed |= outcome.startswith("failed")
+    _print_outcomes(results)
     if not args.no_plot:
-        exp_dir = Path(experiment.runs[0].out_dir) / experiment.runs[0].experiment
-        for path in plot_experiment(exp_dir):
-            print(f"plot: {path}")
-    return 1 if failed else 0
+        _plot_and_report(runlog.experiment_dir(experiment.runs[0]))
+    return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
+
+
+def _print_outcomes(results: list[tuple[RunConfig, str]]) -> None:
+    """One line per run; a failed run also gets the error its ``flower.log`` ends with."""
+    from experiments.preflight import failure_reason
+    from experiments.runner import describe
+    from fedsketch import runlog
+
+    for cfg, outcome in results:
+        print(f"{describe(cfg):>24}: {outcome}  ({runlog.run_dir(cfg)})")
+        reason = failure_reason(runlog.run_dir(cfg)) if outcome.startswith("failed") else ""
+        if reason:
+            print(f"{'':>24}  {reason[:500]}")
+
+
+def _plot_and_report(exp_dir: Path) -> None:
+    from experiments.plots import plot_experiment
+    from experiments.report import write_report
+
+    if not any(exp_dir.rglob("metrics.jsonl")):
+        print(f"no plots or report: no run under {exp_dir} has metrics")
+        return
+    for plot in plot_experiment(exp_dir):
+        print(f"plot: {plot.path}")
+    write_report(exp_dir)
+    print(f"report: {exp_dir / 'report.md'}")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw the plots of one experiment folder."""
     from experiments.plots import plot_experiment
 
-    for path in plot_experiment(args.run_dir):
-        print(path)
+    for plot in plot_experiment(args.run_dir):
+        print(plot.path)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write and print the report of one experiment folder."""
+    from experiments.report import write_report
+
+    try:
+        _, markdown = write_report(args.run_dir, args.target)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print(markdown, end="")
     return 0
 
 
@@ -116,7 +155,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
     from experiments import deploy, runner
-    from experiments.plots import plot_experiment
+    from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
     from experiments.recipe import write_kit
     from fedsketch import runlog
@@ -134,21 +173,20 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     overrides = {**settings, **runner.parse_overrides(args.overrides), "out-dir": str(args.out.resolve())}
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
+    check_runs(experiment.runs)
     print("deployment settings: " + " ".join(f"{k}={overrides[k]}" for k in settings) + " (change with --set)")
-    exp_dir = Path(experiment.runs[0].out_dir) / experiment.runs[0].experiment
+    exp_dir = runlog.experiment_dir(experiment.runs[0])
     print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
     with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
 
         def execute(cfg: RunConfig, path: Path) -> int:
-            watcher = RunWatcher(progress, f"{cfg.strategy} seed {cfg.seed}", path, cfg.num_rounds)
+            watcher = RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds)
             return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
 
         results = runner.run_all(experiment, execute)
-    for cfg, outcome in results:
-        print(f"{cfg.strategy:>12} seed {cfg.seed}: {outcome}  ({runlog.run_dir(cfg)})")
+    _print_outcomes(results)
     if not args.no_plot:
-        for path in plot_experiment(exp_dir):
-            print(f"plot: {path}")
+        _plot_and_report(exp_dir)
     return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
 
 
@@ -156,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedsketch`` console script."""
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "plot": cmd_plot, "deploy": cmd_deploy}[args.command](args)
+        return {"run": cmd_run, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}[args.command](args)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"fedsketch: error: {exc}", file=sys.stderr)
         return 2

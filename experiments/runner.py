@@ -1,9 +1,11 @@
 """Plan and execute an experiment: strategies x seeds, each one Flower run.
 
 An experiment file has a ``[run]`` table (any run setting, kebab-case), a
-``[compare]`` table (``strategies``, ``seeds``) and optional
-``[strategy.NAME]`` tables of per-strategy overrides. Every run is validated
-before the first one starts, so a typo stops the whole experiment at once.
+``[compare]`` table (``strategies``, ``seeds``), optional
+``[strategy.NAME]`` tables of per-strategy overrides, and an optional
+``[sweep]`` table of values to run each strategy at (``experiments/sweep.py``).
+Every run is validated before the first one starts, so a typo stops the whole
+experiment at once.
 A run whose ``metrics.jsonl`` already reaches its last round with the same
 config is not redone; an unfinished one is restarted cleanly, unless it
 checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments import sweep
 from fedsketch import checkpoint, runlog
 from fedsketch.config import ConfigError, RunConfig
 
@@ -58,7 +61,9 @@ def load_experiment(
     Raises
     ------
     ConfigError
-        For unknown tables or keys, wrong types, or values out of range.
+        For unknown tables or keys, wrong types, or values out of range; for a
+        ``[sweep]`` key that cannot be swept, applies to no strategy of the
+        file, or is also set on the command line.
     FileNotFoundError
         If ``path`` does not exist.
     """
@@ -66,25 +71,63 @@ def load_experiment(
         raise FileNotFoundError(f"experiment config {path} not found")
     with open(path, "rb") as f:
         doc = tomllib.load(f)
-    unknown = set(doc) - {"run", "compare", "strategy"}
+    unknown = set(doc) - {"run", "compare", "strategy", "sweep"}
     if unknown:
-        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; expected run, compare, strategy")
+        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; expected run, compare, strategy, sweep")
     compare = dict(doc.get("compare", {}))
     extra = set(compare) - {"strategies", "seeds"}
     if extra:
         raise ConfigError(f"{path}: unknown key(s) {sorted(extra)} in [compare]")
-    names = strategies or list(compare.get("strategies", [doc.get("run", {}).get("strategy", "fetchsgd")]))
+    listed = list(compare.get("strategies", [doc.get("run", {}).get("strategy", "fetchsgd")]))
+    names = strategies or listed
     n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
     per_strategy = doc.get("strategy", {})
     base = RunConfig.from_mapping({**doc.get("run", {}), **(overrides or {})})
     for name, table in per_strategy.items():  # a typo in a table not run now is still a typo
         RunConfig.from_mapping({"strategy": name, **table}, base=base)
+    grid = _parse_sweep(doc.get("sweep", {}), path, listed, base, overrides or {})
     runs: list[RunConfig] = []
     for name in names:
-        cfg = RunConfig.from_mapping({"strategy": name, **per_strategy.get(name, {})}, base=base)
-        cfg = RunConfig.from_mapping(dict(overrides or {}), base=cfg)  # command line wins
-        runs.extend(RunConfig.from_mapping({"seed": cfg.seed + s}, base=cfg) for s in range(n_seeds))
+        table = {"strategy": name, **per_strategy.get(name, {})}
+        for point in sweep.points(grid, name):
+            runs.extend(_point_runs(base, table, point, overrides or {}, n_seeds))
     return Experiment(tuple(runs))
+
+
+def _parse_sweep(
+    table: Mapping[str, Any], path: Path, listed: list[str], base: RunConfig, overrides: Mapping[str, Any]
+) -> sweep.Sweep:
+    """The ``[sweep]`` table, checked against the rest of the experiment.
+
+    A key both swept and set with ``--set`` is refused rather than resolved
+    either way: one of the two would be silently dropped.
+    """
+    grid = sweep.parse_sweep(table, str(path))
+    sweep.check_applies(grid, listed, str(path))
+    clash = sorted(set(grid) & set(overrides))
+    if clash:
+        raise ConfigError(f"{path}: {clash} swept in [sweep] and also set on the command line; drop one")
+    if runlog.POINT_SEP in base.experiment:
+        raise ConfigError(f"experiment name {base.experiment!r} must not contain {runlog.POINT_SEP!r}")
+    return grid
+
+
+def _point_runs(
+    base: RunConfig, table: Mapping[str, Any], point: Mapping[str, Any], overrides: Mapping[str, Any], n_seeds: int
+) -> list[RunConfig]:
+    """One strategy's runs at one sweep point, one per seed: file, then point, then command line."""
+    cfg = RunConfig.from_mapping({**table, **point}, base=base)
+    cfg = RunConfig.from_mapping(dict(overrides), base=cfg)  # command line wins
+    if point:
+        cfg = RunConfig.from_mapping(
+            {"experiment": cfg.experiment + runlog.POINT_SEP + sweep.point_name(point)}, base=cfg
+        )
+    return [RunConfig.from_mapping({"seed": cfg.seed + s}, base=cfg) for s in range(n_seeds)]
+
+
+def describe(cfg: RunConfig) -> str:
+    """``fetchsgd rows3-cols5000 seed 1``: which run this is, for progress and summaries."""
+    return " ".join(part for part in (cfg.strategy, runlog.sweep_point(cfg), f"seed {cfg.seed}") if part)
 
 
 def is_finished(cfg: RunConfig) -> bool:

@@ -4,6 +4,12 @@ One JSON object per evaluated round, appended and flushed as the run goes, so
 an interrupted run keeps every round it finished. ``rounds.jsonl`` has one
 line per round on who answered, who failed (timeouts, client errors, rejected
 replies) and whether the round's update was applied.
+
+A sweep point of an experiment runs with ``experiment = "NAME/POINT"`` (e.g.
+``"default/rows3-cols5000"``, see ``experiments/sweep.py``): the ServerApp
+learns where to write only from the run config, and the run config has no
+other free-form field that a sweep could name itself in. Its folder is
+``<out-dir>/NAME/<strategy>/POINT``, beside the strategy's other points.
 """
 
 from __future__ import annotations
@@ -16,11 +22,30 @@ from typing import Any
 from fedsketch.config import RunConfig
 
 ROUNDS = "rounds.jsonl"
+POINT_SEP = "/"
+"""Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
+
+
+def experiment_name(cfg: RunConfig) -> str:
+    """The experiment's own name, without the sweep point."""
+    return cfg.experiment.partition(POINT_SEP)[0]
+
+
+def sweep_point(cfg: RunConfig) -> str:
+    """The sweep point's name (e.g. ``rows3-cols5000``); ``""`` for a run that is not part of a sweep."""
+    return cfg.experiment.partition(POINT_SEP)[2]
+
+
+def experiment_dir(cfg: RunConfig) -> Path:
+    """``<out-dir>/<experiment>``: the folder of every run of the experiment, and of its plots and report."""
+    return Path(cfg.out_dir) / experiment_name(cfg)
 
 
 def run_dir(cfg: RunConfig) -> Path:
-    """``<out-dir>/<experiment>/<strategy>``, plus ``seed<k>`` when the seed is not 0."""
-    path = Path(cfg.out_dir) / cfg.experiment / cfg.strategy
+    """``<out-dir>/<experiment>/<strategy>[/<sweep point>]``, plus ``seed<k>`` when the seed is not 0."""
+    path = experiment_dir(cfg) / cfg.strategy
+    if sweep_point(cfg):
+        path = path / sweep_point(cfg)
     return path / f"seed{cfg.seed}" if cfg.seed else path
 
 

@@ -1,0 +1,147 @@
+"""An experiment folder's finished metrics, grouped into runs that differ only by seed.
+
+A *run group* is one strategy at one sweep point (``experiments/sweep.py``);
+its seeds are the folders ``<strategy>[/<point>]`` and ``.../seed<k>`` that
+:func:`fedsketch.runlog.run_dir` lays out. Plots and the report both read the
+folder through :func:`collect_groups` and reduce a group over its seeds the
+same way (:func:`summarize`): the mean, and the min-max spread.
+
+The two questions the FetchSGD paper (Rothchild et al., ICML 2020) asks of
+such runs are answered here on plain numbers, so they can be tested on
+hand-made inputs: how many bytes a run spent before it first reached a target
+accuracy (:func:`bytes_to_target`), and which runs no other beats on both
+accuracy and upload (:func:`pareto_front`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsketch import runlog
+
+Row = dict[str, Any]
+SEED_DIR = re.compile(r"seed\d+")
+
+
+@dataclass(frozen=True)
+class RunGroup:
+    """One strategy at one sweep point: the metrics rows of each seed, in seed order."""
+
+    strategy: str
+    point: str
+    """The sweep point's folder name (``rows3-cols5000``); ``""`` when the strategy was not swept."""
+    seeds: tuple[tuple[Row, ...], ...]
+
+    @property
+    def label(self) -> str:
+        """``fetchsgd rows3-cols5000``, or the strategy alone when not swept."""
+        return f"{self.strategy} {self.point}" if self.point else self.strategy
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A quantity over seeds: mean, min, max."""
+
+    mean: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """The spread of ``values`` (at least one)."""
+        if not values:
+            raise ValueError("a spread needs at least one value")
+        return cls(sum(values) / len(values), min(values), max(values))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run group reduced over its seeds, from each seed's last evaluated round."""
+
+    group: RunGroup
+    rounds: Spread
+    accuracy: Spread
+    upload: Spread
+    download: Spread
+    total: Spread
+    """Upload + download bytes."""
+    upload_compression: Spread
+    """Dense (uncompressed float32) upload bytes over the bytes actually uploaded."""
+
+
+def collect_groups(experiment_dir: Path) -> list[RunGroup]:
+    """Every run group with metrics under ``experiment_dir``, sorted by strategy, then point (numbers as numbers).
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder does not exist or holds no metrics.
+    """
+    if not experiment_dir.is_dir():
+        raise FileNotFoundError(f"no experiment folder at {experiment_dir}")
+    found: dict[tuple[str, str], list[tuple[Row, ...]]] = {}
+    for metrics in sorted(experiment_dir.rglob("metrics.jsonl")):
+        rows = runlog.read_metrics(metrics.parent)
+        if not rows:
+            continue
+        parts = metrics.parent.relative_to(experiment_dir).parts
+        if parts and SEED_DIR.fullmatch(parts[-1]):
+            parts = parts[:-1]
+        found.setdefault((rows[0]["strategy"], "/".join(parts[1:])), []).append(tuple(rows))
+    if not found:
+        raise FileNotFoundError(f"no metrics.jsonl under {experiment_dir}")
+    return [
+        RunGroup(strategy, point, tuple(sorted(seeds, key=lambda rows: int(rows[0]["seed"]))))
+        for (strategy, point), seeds in sorted(found.items(), key=lambda item: (item[0][0], _natural(item[0][1])))
+    ]
+
+
+def _natural(name: str) -> list[int | str]:
+    """Sort key that puts ``cols3000`` before ``cols27000``: digit runs compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def summarize(group: RunGroup) -> Summary:
+    """Final accuracy, bytes and upload compression of each seed, as spreads over the seeds."""
+    last = [rows[-1] for rows in group.seeds]
+    return Summary(
+        group=group,
+        rounds=Spread.of([r["round"] for r in last]),
+        accuracy=Spread.of([r["test_accuracy"] for r in last]),
+        upload=Spread.of([r["cum_upload_bytes"] for r in last]),
+        download=Spread.of([r["cum_download_bytes"] for r in last]),
+        total=Spread.of([r["cum_upload_bytes"] + r["cum_download_bytes"] for r in last]),
+        upload_compression=Spread.of([r["cum_dense_upload_bytes"] / r["cum_upload_bytes"] for r in last]),
+    )
+
+
+def bytes_to_target(rows: Sequence[Row], target: float) -> tuple[int, int] | None:
+    """``(upload, upload + download)`` cumulative bytes at the first evaluated round whose accuracy reaches ``target``.
+
+    ``None`` if no evaluated round reaches it. Only evaluated rounds count: a
+    run may have passed the target between two evaluations, so the bytes are
+    an upper bound at the resolution of ``eval-every``.
+    """
+    for row in rows:
+        if row["test_accuracy"] >= target:
+            return int(row["cum_upload_bytes"]), int(row["cum_upload_bytes"] + row["cum_download_bytes"])
+    return None
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the ``(bytes, accuracy)`` points that no other point dominates, by increasing bytes.
+
+    A point is dominated when another has at least its accuracy for at most its
+    bytes, and is strictly better in one of the two. Identical points do not
+    dominate each other: both are on the front.
+    """
+
+    def dominated(i: int) -> bool:
+        b_i, a_i = points[i]
+        return any(b <= b_i and a >= a_i and (b < b_i or a > a_i) for b, a in points)
+
+    return sorted((i for i in range(len(points)) if not dominated(i)), key=lambda i: (points[i][0], -points[i][1]))
