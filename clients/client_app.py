@@ -79,4 +79,6 @@ def train(msg: Message, context: Context) -> Message:
             continue
         content[wire.update_key(out.cid)] = payload_to_record(out.payload)
         content[wire.metrics_key(out.cid)] = client_metrics(out.num_examples, out.loss, out.compute_s, echo)
+        if out.diagnostic is not None:  # diagnose-sketch: a separate record, never counted as upload
+            content[wire.diagnostic_key(out.cid)] = payload_to_record(out.diagnostic)
     return Message(content=content, reply_to=msg)

@@ -83,8 +83,11 @@ def load_experiment(
     n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
     per_strategy = doc.get("strategy", {})
     base = RunConfig.from_mapping({**doc.get("run", {}), **(overrides or {})})
-    for name, table in per_strategy.items():  # a typo in a table not run now is still a typo
-        RunConfig.from_mapping({"strategy": name, **table}, base=base)
+    # A typo in a table not run now is still a typo; command-line settings apply only to the runs made now
+    # (``--strategies fetchsgd --set diagnose-sketch=true`` must not be refused for fedavg's table).
+    file_base = RunConfig.from_mapping(doc.get("run", {}))
+    for name, table in per_strategy.items():
+        RunConfig.from_mapping({"strategy": name, **table}, base=base if name in names else file_base)
     grid = _parse_sweep(doc.get("sweep", {}), path, listed, base, overrides or {})
     runs: list[RunConfig] = []
     for name in names:

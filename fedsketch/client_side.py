@@ -71,6 +71,14 @@ def sketch_payload(update: torch.Tensor, job: ClientInput, opts: ClientOptions) 
     return {"table": sketch.table.cpu().numpy()}, {}
 
 
+def diagnostic_payload(update: torch.Tensor) -> Payload:
+    """The dense update itself, for ``diagnose-sketch`` (simulation only): the server's exact reference.
+
+    A copy, so that nothing the client does afterwards can change it.
+    """
+    return {"update": update.detach().to("cpu", torch.float32).numpy().copy()}
+
+
 def compressed_payload(update: torch.Tensor, job: ClientInput, opts: ClientOptions) -> tuple[Payload, State]:
     """A dense, sparsifying or quantizing baseline: compress, with error feedback where the method uses it."""
     upload = upload_for(opts.strategy, update.numel(), opts.method)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsketch.client_side import ClientInput, Payload, RoundInfo, State, answer_query, encode
+from fedsketch.client_side import ClientInput, Payload, RoundInfo, State, answer_query, diagnostic_payload, encode
 from fedsketch.config import RunConfig
 from fedsketch.local import client_generator, local_update
 from fedsketch.task import client_options, load_data, local_spec, make_model
@@ -37,6 +37,7 @@ class ClientOutcome:
     compute_s: float = 0.0
     error: str | None = None
     state: State | None = None  # replaces what the client keeps; None leaves it as it was
+    diagnostic: Payload | None = None  # with diagnose-sketch: the dense update (not an upload)
 
 
 @lru_cache(maxsize=4)
@@ -79,7 +80,12 @@ def run_cohort(
         elapsed = time.perf_counter() - start
         if state:
             state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
-        outcomes.append(ClientOutcome(cid, payload, result.num_examples, result.loss, elapsed, state=state or None))
+        diagnostic = diagnostic_payload(result.update) if cfg.diagnose_sketch else None
+        outcomes.append(
+            ClientOutcome(
+                cid, payload, result.num_examples, result.loss, elapsed, state=state or None, diagnostic=diagnostic
+            )
+        )
     return outcomes
 
 

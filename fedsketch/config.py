@@ -115,12 +115,15 @@ class RunConfig:
     dp_delta: float = 1e-5
     checkpoint_every: int = 0  # 0: off; else save a checkpoint every N rounds (and resume from it)
     secure_aggregation: bool = False  # SecAgg+: the server learns only the sum of the uploads
+    # --- diagnostics (simulation only; see fedsketch/algorithms/fidelity.py)
+    diagnose_sketch: bool = False  # clients also hand over their dense update; the server measures the sketch's error
 
     def __post_init__(self) -> None:
         _check_choices(self)
         _check_ranges(self)
         _check_privacy(self)
         _check_download(self)
+        _check_diagnostics(self)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
@@ -267,6 +270,32 @@ def _check_download(cfg: RunConfig) -> None:
         raise ConfigError(
             "settings 'download' = 'sparse' and 'secure-aggregation' are not combined: the SecAgg+ round sends "
             "the dense model and counts what it sends"
+        )
+
+
+def _check_diagnostics(cfg: RunConfig) -> None:
+    """``diagnose-sketch`` has every client send its dense update too: only where that is harmless and meaningful."""
+    if not cfg.diagnose_sketch:
+        return
+    if cfg.strategy != "fetchsgd":
+        raise ConfigError(
+            f"setting 'diagnose-sketch' is only for strategy fetchsgd (it compares FetchSGD's sketched top-k with "
+            f"the true one); got {cfg.strategy!r}"
+        )
+    if cfg.client_assignment != "cohort":
+        raise ConfigError(
+            "setting 'diagnose-sketch' needs 'client-assignment' = 'cohort' (simulation): it has every client send "
+            "its dense update as well, which a deployment exists to avoid"
+        )
+    if cfg.secure_aggregation:
+        raise ConfigError(
+            "settings 'diagnose-sketch' and 'secure-aggregation' are not combined: the diagnostic shows the server "
+            "each client's dense update, which secure aggregation exists to hide"
+        )
+    if cfg.dp_noise_multiplier > 0:
+        raise ConfigError(
+            "settings 'diagnose-sketch' and 'dp-noise-multiplier' are not combined: the noise goes into the sketches "
+            "only, so the dense reference would have no counterpart of it"
         )
 
 

@@ -13,6 +13,10 @@ reply    ``update.<cid>``     ArrayRecord  the client's payload (method-specific
          ``metrics.<cid>``    MetricRecord {"num-examples", "loss", "compute-s"}, plus
                                            the round's ``ECHO_KEYS`` it was sent
          ``failure.<cid>``    ConfigRecord {"reason"} instead of the two above
+         ``diagnostic.<cid>`` ArrayRecord  {"update": float32[d]}, only with
+                                           ``diagnose-sketch`` (simulation): the dense
+                                           update the payload encodes; not
+                                           communication, never counted as upload
 
 A second exchange within a round (Sketched-SGD's query, ``"phase"`` 2 in the
 config) carries ``query`` (ArrayRecord, shared by the node's clients) instead
@@ -50,6 +54,8 @@ _METRICS = "metrics."
 _FAILURE = "failure."
 _REQUEST = "request."
 _STATE = "state."
+_DIAGNOSTIC = "diagnostic."
+DIAGNOSTIC_UPDATE = "update"
 
 
 def update_key(cid: int) -> str:
@@ -65,6 +71,11 @@ def metrics_key(cid: int) -> str:
 def failure_key(cid: int) -> str:
     """Record key of logical client ``cid``'s failure reason."""
     return f"{_FAILURE}{cid}"
+
+
+def diagnostic_key(cid: int) -> str:
+    """Record key of logical client ``cid``'s diagnostic arrays (simulation only, not an upload)."""
+    return f"{_DIAGNOSTIC}{cid}"
 
 
 def request_key(cid: int) -> str:

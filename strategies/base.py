@@ -43,7 +43,7 @@ from strategies.secure import SecureRounds
 
 COUNTERS = (
     "upload", "download", "dense", "clients", "failures", "timeouts", "client_errors", "rejected", "skipped_rounds",
-    "clipped", "sparse_downloads",
+    "clipped", "sparse_downloads", "diagnostic",
 )  # fmt: skip
 """Totals kept over the run; metrics rows report each since the previous row."""
 
@@ -107,6 +107,10 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
     def round_config(self, server_round: int) -> dict[str, Any]:
         """Extra per-round keys clients need (e.g. the sketch's shape and seed)."""
         return {}
+
+    def diagnostic_spec(self) -> PayloadSpec | None:
+        """The diagnostic arrays each client must add beside its payload (``diagnose-sketch``), or ``None``."""
+        return None
 
     def keeps_client_state(self) -> bool:
         """Whether clients keep state between rounds (then a client always goes to the same node)."""
@@ -219,9 +223,10 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, apply the method's step if enough clients answered."""
         spec = self.payload_spec()
-        got = collect(replies, self._sent, spec, self.reply_limits(spec, self._echo))
+        got = collect(replies, self._sent, spec, self.reply_limits(spec, self._echo), self.diagnostic_spec())
         self._node_cid.update({u.node: u.cid for u in got.updates})
         self._add("upload", got.upload_bytes)
+        self._add("diagnostic", got.diagnostic_bytes)
         self._count_failures(got)
         self._add("clients", len(got.updates))
         self._add("dense", self._dense_bytes * len(got.updates))
@@ -382,6 +387,12 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
         """A view of the download bookkeeping (the strategy's own tensor and dict, so checkpoints keep them)."""
         return download.DownloadLedger(self._changed_at, self._synced)
 
+    def _diagnostic_bytes(self) -> dict[str, int]:
+        """With ``diagnose-sketch``: bytes clients handed over for the diagnostic only (never in upload_bytes)."""
+        if not self.cfg.diagnose_sketch:
+            return {}
+        return {"diagnostic_bytes": self._since_row["diagnostic"], "cum_diagnostic_bytes": self._totals["diagnostic"]}
+
     def _log_row(self, server_round: int, wall_s: float) -> None:
         acc, loss = evaluate(self.model, self.test_x, self.test_y)
         row = {
@@ -395,7 +406,7 @@ class FedSketchStrategy(Resumable, SecureRounds, Strategy):
             "timeouts": self._since_row["timeouts"], "client_errors": self._since_row["client_errors"],
             "rejected": self._since_row["rejected"], "skipped_rounds": self._since_row["skipped_rounds"],
             "clipped": self._since_row["clipped"], "sparse_downloads": self._since_row["sparse_downloads"],
-            **privacy_metrics(self.cfg, self._dp_rounds),
+            **privacy_metrics(self.cfg, self._dp_rounds), **self._diagnostic_bytes(),
             "wall_s": round(wall_s, 3), "unix_time": round(time.time(), 3),
             **self.round_metrics(),
         }  # fmt: skip

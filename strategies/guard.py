@@ -57,13 +57,20 @@ def payload_norm(u: ClientUpdate) -> float:
 
 
 def scale_payload(u: ClientUpdate, factor: float) -> ClientUpdate:
-    """The update with every float array (and a decoded tensor, if any) multiplied by ``factor``."""
-    payload = {
-        name: (arr * np.float32(factor)).astype(arr.dtype) if arr.dtype.kind == "f" else arr
-        for name, arr in u.payload.items()
-    }
+    """The update with every float array (and a decoded tensor and diagnostic arrays, if any) times ``factor``.
+
+    A diagnostic dense update is scaled with its sketch, so that it stays the vector the sketch encodes.
+    """
     decoded = u.decoded * factor if isinstance(u.decoded, torch.Tensor) else u.decoded
-    return dataclasses.replace(u, payload=payload, decoded=decoded)
+    diagnostic = _scaled(u.diagnostic, factor) if u.diagnostic is not None else None
+    return dataclasses.replace(u, payload=_scaled(u.payload, factor), decoded=decoded, diagnostic=diagnostic)
+
+
+def _scaled(arrays: dict[str, np.ndarray], factor: float) -> dict[str, np.ndarray]:
+    return {
+        name: (arr * np.float32(factor)).astype(arr.dtype) if arr.dtype.kind == "f" else arr
+        for name, arr in arrays.items()
+    }
 
 
 def noisy_mean(

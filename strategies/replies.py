@@ -9,11 +9,14 @@ sketch's seed and shape); the payload's size and array count are bounded
 before decoding, every array is a well-formed native numeric ``.npy`` whose
 header agrees with its declared dtype and shape (:mod:`strategies.limits`);
 floats are finite and below ``MAX_ABS``; and the arrays match the method's layout exactly (or its
-decoder accepts them).
+decoder accepts them). Where the run asks for diagnostic arrays (``diagnose-sketch``), they are
+checked the same way against their own layout, and a client without valid ones is rejected too;
+their bytes are counted apart (``diagnostic_bytes``), never as upload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,7 +27,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from fedsketch import wire
-from strategies.limits import ReplyLimits, checked_payload, decode_all
+from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 from strategies.records import wire_bytes
 
 PayloadSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -43,6 +46,7 @@ class ClientUpdate:
     upload_bytes: int
     node: int = 0
     decoded: object = None  # what a PayloadCheck returned (e.g. the dense vector), else None
+    diagnostic: dict[str, np.ndarray] | None = None  # diagnose-sketch's dense update (simulation only)
 
 
 @dataclass
@@ -59,6 +63,7 @@ class RoundReplies:
     updates: list[ClientUpdate] = field(default_factory=list)
     failures: dict[int, str] = field(default_factory=dict)
     upload_bytes: int = 0
+    diagnostic_bytes: int = 0  # not communication: what clients handed over for diagnostics only
     timeouts: int = 0
     errors: int = 0
     rejected: int = 0
@@ -76,12 +81,15 @@ class RoundReplies:
 
 
 def collect(
-    replies: Iterable[Message], sent: dict[int, list[int]], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits
-) -> RoundReplies:
+    replies: Iterable[Message], sent: dict[int, list[int]], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
+    diagnostic: PayloadSpec | None = None,
+) -> RoundReplies:  # fmt: skip
     """Parse and validate replies; ``sent`` maps node id -> the cids it was asked for.
 
     ``spec`` is either the exact layout or a function that decodes a payload
     (its result is kept as ``ClientUpdate.decoded``) and raises for a bad one.
+    ``diagnostic``, if given, is the exact layout of the diagnostic arrays every
+    client must add (kept as ``ClientUpdate.diagnostic``).
     Nothing a reply holds can raise out of here. Updates come back sorted by
     client id, whatever order the replies arrived in, so that sums over them
     are the same in every run.
@@ -107,7 +115,7 @@ def collect(
                 out.fail(None, "rejected", f"node {node} named clients {asked[:5]}; expected one new valid id")
                 log(WARNING, "node %d rejected: named clients %s", node, asked[:5])
                 continue
-        _collect_content(msg.content, node, asked, spec, limits, out)
+        _collect_content(msg.content, node, asked, spec, limits, out, diagnostic)
     for node, cids in sent.items():
         if node not in answered:
             for cid in cids or [None]:  # type: ignore[list-item]
@@ -125,7 +133,7 @@ def _cids_in(content: RecordDict) -> list[int]:
 
 def _collect_content(
     content: RecordDict, node: int, asked: list[int], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
-    out: RoundReplies,
+    out: RoundReplies, diagnostic_spec: PayloadSpec | None,
 ) -> None:  # fmt: skip
     for cid in asked:
         if wire.failure_key(cid) in content.config_records:
@@ -139,13 +147,32 @@ def _collect_content(
             continue
         nbytes = wire_bytes(arrays) + wire_bytes(metrics)
         out.upload_bytes += nbytes
+        extra = content.array_records.get(wire.diagnostic_key(cid)) if diagnostic_spec is not None else None
+        out.diagnostic_bytes += wire_bytes(extra) if extra is not None else 0
         try:
             num_examples, loss = _validated_metrics(metrics, limits)
             payload, decoded = _validated_payload(arrays, spec, limits)
+            diagnostic = _validated_diagnostic(extra, diagnostic_spec, limits)
         except ValueError as exc:
             out.fail(cid, "rejected", str(exc))
             continue
-        out.updates.append(ClientUpdate(cid, payload, num_examples, loss, nbytes, node, decoded))
+        out.updates.append(ClientUpdate(cid, payload, num_examples, loss, nbytes, node, decoded, diagnostic))
+
+
+def _validated_diagnostic(
+    record: ArrayRecord | None, spec: PayloadSpec | None, limits: ReplyLimits
+) -> dict[str, np.ndarray] | None:
+    """The diagnostic arrays, checked like a payload against their exact layout; ``None`` if none are asked for."""
+    if spec is None:
+        return None
+    if record is None:
+        raise ValueError("reply has no diagnostic arrays for this client (diagnose-sketch)")
+    bounds = dataclasses.replace(limits, max_bytes=spec_bytes(list(spec.values())), max_arrays=len(spec))
+    try:
+        payload, _ = _validated_payload(record, spec, bounds)
+    except ValueError as exc:
+        raise ValueError(f"diagnostic: {exc}") from None
+    return payload
 
 
 def _validated_payload(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from experiments.runner import load_experiment
-from fedsketch.config import check_against_model
+from fedsketch.config import ConfigError, check_against_model
 from fedsketch.task import load_data, make_model
 
 CONFIGS = sorted((Path(__file__).parents[1] / "experiments" / "configs").glob("*.toml"))
@@ -32,3 +32,11 @@ def test_config_is_valid_and_documented(path: Path) -> None:
         d = sum(p.numel() for p in make_model(runs[0], data).parameters())
         for cfg in runs:
             check_against_model(cfg, d)
+
+
+def test_command_line_settings_apply_only_to_the_strategies_run_now() -> None:
+    default = Path(__file__).parents[1] / "experiments" / "configs" / "default.toml"
+    runs = load_experiment(default, {"diagnose-sketch": True}, strategies=["fetchsgd"]).runs
+    assert [(r.strategy, r.diagnose_sketch) for r in runs] == [("fetchsgd", True)]
+    with pytest.raises(ConfigError, match="diagnose-sketch"):
+        load_experiment(default, {"diagnose-sketch": True}, strategies=["fedavg"])
