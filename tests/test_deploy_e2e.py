@@ -110,9 +110,12 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
     heartbeat lapses (up to 2 x 30 s) and refuses to activate it again before
     that: the restarted ``flower-supernode`` exits (code 305). A supervisor
     restarts it, as the systemd unit of the deployment kit does (``Restart=always``).
+    While its old self has lapsed and its new self is not yet activated, only two
+    nodes are connected: ``min-nodes`` = 3 makes the next round wait (up to the
+    round timeout) for the node to be back rather than race it.
     """
     values = {**node_settings(3), **TINY, "num-rounds": 4, "experiment": "flaky", "out-dir": str(tmp_path / "runs"),
-              "min-nodes": 2, "min-replies": 2, "round-timeout": 40.0}  # fmt: skip
+              "min-nodes": 3, "min-replies": 2, "round-timeout": 40.0}  # fmt: skip
     run_dir = runner.prepare(RunConfig.from_mapping(values))
     with LocalFederation(Deployment(3, tls=True, auth=True), tmp_path / "fed") as fed:
         node_ids = fed.wait_online(3)
