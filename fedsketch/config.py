@@ -103,6 +103,9 @@ class RunConfig:
     candidate_factor: int = 3
     max_client_state_mb: int = 4096
     download: str = "dense"  # "sparse": returning clients get only what changed (fedsketch/download.py)
+    # Compressed-upload baselines: send back only the top-k of the server's update, keeping the rest
+    # in a server-side error accumulator (0: the whole averaged update).
+    download_k: int = 0
     # --- runtime
     client_assignment: str = "cohort"
     min_nodes: int = 1
@@ -200,7 +203,9 @@ def _check_ranges(cfg: RunConfig) -> None:
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"setting '{name.replace('_', '-')}' must be > 0; got {getattr(cfg, name)}")
-    non_negative = ("seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size")
+    non_negative = (
+        "seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size", "download_k",
+    )  # fmt: skip
     for name in non_negative:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"setting '{name.replace('_', '-')}' must be >= 0; got {getattr(cfg, name)}")
@@ -258,7 +263,17 @@ def _check_privacy(cfg: RunConfig) -> None:
             )
 
 
+COMPRESSED_UPLOADS = ("local_topk", "random_k", "gaussiank", "qsgd", "terngrad", "signsgd")
+"""Methods whose server averages compressed client updates into a dense step (``download-k`` applies)."""
+
+
 def _check_download(cfg: RunConfig) -> None:
+    if cfg.download_k > 0 and cfg.strategy not in COMPRESSED_UPLOADS:
+        raise ConfigError(
+            f"setting 'download-k' applies to the compressed-upload baselines ({', '.join(COMPRESSED_UPLOADS)}); "
+            f"got strategy {cfg.strategy!r}, whose server update is "
+            + ("already k-sparse (setting 'k')" if cfg.strategy != "fedavg" else "dense by definition")
+        )
     if cfg.download != "sparse":
         return
     if cfg.client_assignment != "cohort":
@@ -305,12 +320,14 @@ def check_against_model(cfg: RunConfig, d: int) -> None:
     Raises
     ------
     ConfigError
-        If ``k`` (or Sketched-SGD's ``candidate-factor * k``) exceeds the number
+        If ``k``, ``download-k`` (or Sketched-SGD's ``candidate-factor * k``) exceeds the number
         of parameters, or if the clients' error-feedback state would exceed
         ``max-client-state-mb`` (see :func:`fedsketch.methods.client_state_bytes`).
     """
     if cfg.k > d:
         raise ConfigError(f"setting 'k' ({cfg.k}) exceeds the model's {d} parameters")
+    if cfg.download_k > d:
+        raise ConfigError(f"setting 'download-k' ({cfg.download_k}) exceeds the model's {d} parameters")
     if cfg.strategy == "sketched_sgd" and cfg.candidate_factor * cfg.k > d:
         raise ConfigError(
             f"setting 'candidate-factor' x 'k' ({cfg.candidate_factor} x {cfg.k}) exceeds the model's {d} parameters"

@@ -7,7 +7,11 @@ sparsification. Every other baseline (:mod:`fedsketch.methods`) has its clients
 upload a compressed update; the server decodes each payload while validating
 it, averages them by examples (signSGD's ``majority`` variant takes the vote
 instead, Bernstein et al., ICLR 2019) and applies momentum SGD
-(:func:`fedsketch.compress.server.step` without server-side sparsification).
+(:func:`fedsketch.compress.server.step`). With ``download-k`` the server
+sends back only the top-k of its accumulated update and keeps the rest in a
+server-side error accumulator (top-k on the download, as in Rothchild et al.'s
+local top-k baseline), so ``download = "sparse"`` charges returning clients
+for k coordinates a round instead of the union of every client's support.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class TrueTopK(FedSketchStrategy):
 class CompressedUpload(FedSketchStrategy):
     """``local_topk``, ``random_k``, ``gaussiank``, ``qsgd``, ``terngrad``, ``signsgd``.
 
-    Server state: the momentum velocity and the model. Clients of the methods
+    Server state: the momentum velocity, the error accumulator (with
+    ``download-k``; zero otherwise) and the model. Clients of the methods
     with error feedback keep it themselves (see :meth:`keeps_client_state`).
     """
 
@@ -62,7 +67,9 @@ class CompressedUpload(FedSketchStrategy):
         super().__init__(cfg, model, test_x, test_y, out_dir)
         self.upload = upload_for(cfg.strategy, self.d, method_options(cfg))
         self.vote = cfg.strategy == "signsgd" and cfg.signsgd_variant == "majority"
-        self.params = server.local_topk(self.d, momentum=cfg.momentum)
+        self.params = server.local_topk(
+            self.d, download_k=cfg.download_k or None, momentum=cfg.momentum, momentum_zeroing=cfg.momentum_zeroing
+        )
         self.state = server.init(self.params, device=self.weights.device)
         self._values_sent: list[int] = []  # per client, for sparsifiers: how close to k they land
 

@@ -67,11 +67,13 @@ class InProcessGrid:
         Rewrites the replies of each exchange (drop, corrupt, add, reorder).
     shuffle_seed
         If given, replies come back in a shuffled order (as over a network).
+    app
+        The ClientApp the nodes run (the project's own unless given).
     """
 
     def __init__(
         self, run_config: dict[str, Any], num_nodes: int = 2, tamper: Tamper | None = None,
-        shuffle_seed: int | None = None,
+        shuffle_seed: int | None = None, app: Callable[[Message, Context], Message] = client_app,
     ) -> None:  # fmt: skip
         self.contexts = {
             nid: Context(
@@ -84,6 +86,7 @@ class InProcessGrid:
             for i, nid in enumerate(range(101, 101 + num_nodes))
         }
         self.tamper = tamper
+        self.app = app
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self.exchanges = 0
 
@@ -92,7 +95,7 @@ class InProcessGrid:
 
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
         requests = list(messages)
-        replies = [client_app(delivered(msg), self.contexts[msg.metadata.dst_node_id]) for msg in requests]
+        replies = [self.app(delivered(msg), self.contexts[msg.metadata.dst_node_id]) for msg in requests]
         self.exchanges += 1
         if self.tamper is not None:
             replies = self.tamper(requests, replies)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from flwr.app import ConfigRecord, Message
 
 from fedsketch import download, wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
-from fedsketch.config import ConfigError, RunConfig
+from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.records import payload_to_record, wire_bytes
 from strategies.server_app import build_strategy
 
@@ -74,10 +75,13 @@ def test_ledger_rejects_mismatched_weights() -> None:
         download.new_ledger(0)
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[list[dict], list[tuple[dict, np.ndarray, list[int]]]]:
-    """Run FetchSGD in process; return its metrics rows and, per round, the config, model and clients sent."""
-    cfg = RunConfig.from_mapping({**SETTINGS, "download": mode})
-    strat = build_strategy(cfg, tmp_path / mode)
+def _run(
+    tmp_path: Path, mode: str, extra: dict[str, object] | None = None, name: str = ""
+) -> tuple[list[dict], list[tuple[dict, np.ndarray, list[int]]]]:
+    """Run FetchSGD (or ``extra``'s strategy) in process; return its metrics rows and, per round, the config, model and clients sent."""
+    cfg = RunConfig.from_mapping({**SETTINGS, "download": mode, **(extra or {})})
+    out = tmp_path / (name or mode)
+    strat = build_strategy(cfg, out)
     sent: list[tuple[dict, np.ndarray, list[int]]] = []
 
     def watch(requests: list[Message], replies: list[Message]) -> list[Message]:
@@ -89,7 +93,7 @@ def _run(tmp_path: Path, mode: str) -> tuple[list[dict], list[tuple[dict, np.nda
 
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=watch))
-    rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return rows, sent
 
 
@@ -126,3 +130,27 @@ def test_sparse_download_is_refused_where_it_cannot_be_delivered() -> None:
         RunConfig.from_mapping({"download": "sparse", "secure-aggregation": True})
     with pytest.raises(ConfigError, match="'download' must be one of dense, sparse"):
         RunConfig.from_mapping({"download": "delta"})
+
+
+def test_download_k_sends_local_topk_clients_k_coordinates_a_round(tmp_path: Path) -> None:
+    """Top-k on the download: the model changes in at most download-k coordinates a round, and costs less."""
+    local = {"strategy": "local_topk", "k": 300, "lr": 0.3}
+    union_rows, union_sent = _run(tmp_path, "sparse", local, name="union")
+    rows, sent = _run(tmp_path, "sparse", {**local, "download-k": 30}, name="topk")
+    changed = [int(np.count_nonzero(a[1] != b[1])) for a, b in pairwise(sent)]
+    union_changed = [int(np.count_nonzero(a[1] != b[1])) for a, b in pairwise(union_sent)]
+    assert 0 < max(changed) <= 30 < min(union_changed)  # the union of 4 clients' top-300 is far more than 30
+    assert rows[-1]["cum_download_bytes"] < union_rows[-1]["cum_download_bytes"]
+    assert rows[-1]["cum_upload_bytes"] == union_rows[-1]["cum_upload_bytes"]  # uploads untouched
+    assert rows[-1]["test_loss"] < rows[0]["test_loss"]  # what is held back is applied later, not lost
+
+
+def test_download_k_is_refused_where_it_means_nothing() -> None:
+    with pytest.raises(ConfigError, match="'download-k' applies to the compressed-upload baselines.*already k-sparse"):
+        RunConfig.from_mapping({"strategy": "fetchsgd", "download-k": 10})
+    with pytest.raises(ConfigError, match="dense by definition"):
+        RunConfig.from_mapping({"strategy": "fedavg", "download-k": 10})
+    with pytest.raises(ConfigError, match="'download-k' must be >= 0"):
+        RunConfig.from_mapping({"strategy": "local_topk", "download-k": -1})
+    with pytest.raises(ConfigError, match=r"'download-k' \(400\) exceeds the model's 300 parameters"):
+        check_against_model(RunConfig.from_mapping({"strategy": "qsgd", "download-k": 400, "k": 10}), 300)
