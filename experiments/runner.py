@@ -82,7 +82,9 @@ def load_experiment(
     names = strategies or listed
     n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
     per_strategy = doc.get("strategy", {})
-    base = RunConfig.from_mapping({**doc.get("run", {}), **(overrides or {})})
+    # The base is checked as the first strategy run now sees it: a setting that only some methods
+    # take (``--strategies local_topk --set download-k=3000``) is valid for the runs it reaches.
+    base = RunConfig.from_mapping({**doc.get("run", {}), "strategy": names[0], **(overrides or {})})
     # A typo in a table not run now is still a typo; command-line settings apply only to the runs made now
     # (``--strategies fetchsgd --set diagnose-sketch=true`` must not be refused for fedavg's table).
     file_base = RunConfig.from_mapping(doc.get("run", {}))

@@ -40,3 +40,12 @@ def test_command_line_settings_apply_only_to_the_strategies_run_now() -> None:
     assert [(r.strategy, r.diagnose_sketch) for r in runs] == [("fetchsgd", True)]
     with pytest.raises(ConfigError, match="diagnose-sketch"):
         load_experiment(default, {"diagnose-sketch": True}, strategies=["fedavg"])
+
+
+def test_a_setting_only_some_methods_take_is_checked_against_the_methods_run_now() -> None:
+    """The file's ``[run]`` table runs FetchSGD by default; ``download-k`` is valid for local_topk alone."""
+    baselines = Path(__file__).parents[1] / "experiments" / "configs" / "baselines.toml"
+    runs = load_experiment(baselines, {"download-k": 3000}, strategies=["local_topk"]).runs
+    assert [(r.strategy, r.download_k) for r in runs] == [("local_topk", 3000)]
+    with pytest.raises(ConfigError, match="download-k"):
+        load_experiment(baselines, {"download-k": 3000}, strategies=["local_topk", "fetchsgd"])
