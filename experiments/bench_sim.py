@@ -7,7 +7,8 @@ run (the machines are shared and noisy, so only same-run ratios mean much):
 - the per-round wall time through Flower's simulation runtime (median of
   rounds 2..R), and the same rounds (same model, data, client batches, sketches,
   server step and evaluation) in a plain single-process PyTorch loop, and their
-  ratio;
+  ratio; and, as a reference, the Flower run again with Flower's own 0.1 s
+  wait between the ServerApp's looks for replies (``reply-poll-s = 0.1``);
 - the time from the start of the launch (SuperLink start included) to the end
   of round 1;
 - the peak memory (PSS) of the whole Flower process tree: SuperLink,
@@ -25,6 +26,7 @@ from the number of clients, not from more data.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -39,6 +41,7 @@ from pathlib import Path
 from fedsketch.config import RunConfig
 
 APP_DIR = Path(__file__).resolve().parent.parent
+FLOWER_REPLY_POLL_S = 0.1  # InMemoryGrid's own pull_interval
 
 
 def bench_config(num_clients: int, rounds: int, out_dir: Path) -> RunConfig:
@@ -154,8 +157,10 @@ def _pss_kb(pid: int) -> int:
 
 def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     """One run through ``flwr run`` against a private simulation SuperLink."""
+    import torch
+
     from experiments import runner
-    from experiments.launch import Federation, flwr_run
+    from experiments.launch import Federation, flwr_run, gpus_per_node
     from fedsketch import runlog
 
     path = runner.prepare(cfg)
@@ -163,7 +168,10 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     sampler = threading.Thread(target=memory.run, daemon=True)
     sampler.start()
     t0 = time.time()
-    code = flwr_run(APP_DIR, path / "run_config.toml", Federation(num_supernodes=supernodes), path)
+    federation = Federation(
+        num_supernodes=supernodes, gpus_per_client=gpus_per_node(supernodes, None, torch.cuda.device_count())
+    )
+    code = flwr_run(APP_DIR, path / "run_config.toml", federation, path)
     memory.stop()
     sampler.join()
     rows = runlog.read_metrics(path)
@@ -189,14 +197,19 @@ def main() -> None:
             # flattered by a loop that oversubscribes the cores.
             loop = min((run_plain_loop_in_child(cfg, t) for t in (1, 2)), key=lambda r: r["round_s"])
             flower = flower_run(cfg, args.supernodes)
-            rows.append((n, loop, flower))
-            print(f"{n} clients: loop {loop}, flower {flower}", file=sys.stderr, flush=True)
+            slow_poll = flower_run(dataclasses.replace(cfg, reply_poll_s=FLOWER_REPLY_POLL_S), args.supernodes)
+            rows.append((n, loop, flower, slow_poll))
+            print(f"{n} clients: loop {loop}, flower {flower}, flower polling 0.1 s {slow_poll}", file=sys.stderr,
+                  flush=True)  # fmt: skip
     print(f"FetchSGD, 100 clients a round, {args.rounds} rounds, {args.supernodes} simulated nodes")
-    print("| registered clients | loop s/round (threads) | Flower s/round | ratio | Flower round 1 done after | "
-          "loop round 1 done after | Flower tree peak PSS | loop peak RSS |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for n, loop, flower in rows:
+    print(
+        "| registered clients | loop s/round (threads) | Flower s/round | ratio | Flower s/round, 0.1 s reply polling "
+        "| ratio | Flower round 1 done after | loop round 1 done after | Flower tree peak PSS | loop peak RSS |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n, loop, flower, slow in rows:
         print(f"| {n:,} | {loop['round_s']:.3f} ({loop['threads']:.0f}) | {flower['round_s']:.3f} | {flower['round_s'] / loop['round_s']:.2f} "
+              f"| {slow['round_s']:.3f} | {slow['round_s'] / loop['round_s']:.2f} "
               f"| {flower['first_round_s']:.1f} s | {loop['first_round_s']:.1f} s | {flower['peak_mb']:,.0f} MB "
               f"| {loop['peak_mb']:,.0f} MB |")  # fmt: skip
     if len(rows) > 1:

@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from experiments.launch import Federation
 from fedsketch.config import ConfigError, RunConfig
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -41,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
     run.add_argument("--supernodes", type=int, default=2,
                      help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)")  # fmt: skip
+    run.add_argument("--gpus-per-node", type=float, default=None, metavar="F",
+                     help="GPUs per simulated node, e.g. 0.25: four nodes share one GPU (default: the visible GPUs "
+                          "split evenly over the nodes; 0 without a GPU)")  # fmt: skip
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
@@ -55,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first, then execute them one by one with a progress display."""
     from experiments import runner
-    from experiments.launch import Federation, flwr_run
+    from experiments.launch import flwr_run
     from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
     from fedsketch import runlog
@@ -65,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
     check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
-    federation = Federation(num_supernodes=args.supernodes)
+    federation = _federation(args.supernodes, args.gpus_per_node)
     with make_progress() as progress:
 
         def execute(cfg: RunConfig, path: Path) -> int:
@@ -77,6 +81,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plot:
         _plot_and_report(runlog.experiment_dir(experiment.runs[0]))
     return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
+
+
+def _federation(supernodes: int, gpus: float | None) -> Federation:
+    """The simulated nodes and their share of the GPUs (see :func:`experiments.launch.gpus_per_node`)."""
+    import torch
+
+    from experiments.launch import gpus_per_node
+
+    try:
+        share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Federation(num_supernodes=supernodes, gpus_per_client=share)
 
 
 def _print_outcomes(results: list[tuple[RunConfig, str]]) -> None:

@@ -46,6 +46,30 @@ class Federation:
         )
 
 
+def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: int) -> float:
+    """Each simulated node's share of the GPUs (Ray's ``num-gpus`` per ClientApp worker).
+
+    Ray hides every GPU from a worker that asks for none (it sets
+    ``CUDA_VISIBLE_DEVICES`` empty), so on a GPU machine a share of 0 would
+    quietly train every client on the CPU. Unless told otherwise, the nodes
+    split the visible GPUs evenly: with one GPU and 4 nodes, 0.25 each, and all
+    four nodes' workers share the one GPU.
+
+    Raises
+    ------
+    ValueError
+        If ``requested`` is negative, or positive with no GPU visible (Ray would
+        wait forever for a GPU to place the workers on).
+    """
+    if requested is None:
+        return 0.0 if visible_gpus == 0 else min(1.0, visible_gpus / num_supernodes)
+    if requested < 0:
+        raise ValueError(f"--gpus-per-node must be >= 0; got {requested}")
+    if requested > 0 and visible_gpus == 0:
+        raise ValueError(f"--gpus-per-node {requested} asks for a GPU share, but no CUDA GPU is visible here")
+    return requested
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

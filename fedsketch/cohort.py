@@ -17,9 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
 from fedsketch.client_side import ClientInput, Payload, RoundInfo, State, answer_query, diagnostic_payload, encode
 from fedsketch.config import RunConfig
-from fedsketch.local import client_generator, local_update
+from fedsketch.data.spec import FederatedData
+from fedsketch.local import LocalResult, client_generator, local_update, sample_batch
 from fedsketch.task import client_options, load_data, local_spec, make_model
 
 EXAMPLES = "num-examples"
@@ -46,6 +48,21 @@ def _scratch_model(cfg: RunConfig) -> nn.Module:
     return make_model(cfg, load_data(cfg))
 
 
+@lru_cache(maxsize=4)
+def _vectorizable_model(cfg: RunConfig) -> nn.Module:
+    """The scratch model as :mod:`fedsketch.batched` runs it (batch norm without running statistics)."""
+    return functional_copy(_scratch_model(cfg))
+
+
+@dataclass(frozen=True)
+class _Local:
+    """A client's local result (or why it has none) and the seconds it took."""
+
+    result: LocalResult | None
+    seconds: float
+    error: str | None = None
+
+
 def run_cohort(
     cfg: RunConfig,
     weights: np.ndarray,
@@ -61,23 +78,27 @@ def run_cohort(
     missing from either gets ``{}``.
     """
     states, requests = states or {}, requests or {}
-    data = load_data(cfg)
     model = _scratch_model(cfg)
-    device = next(model.parameters()).device
-    w = torch.as_tensor(weights, dtype=torch.float32).to(device)
-    spec, opts = local_spec(cfg), client_options(cfg)
+    w = torch.as_tensor(weights, dtype=torch.float32).to(next(model.parameters()).device)
+    if cfg.client_batching:
+        local = _vectorized_results(cfg, w, cids, info.server_round)
+    else:
+        local = {cid: _one_result(cfg, model, w, cid, info.server_round) for cid in cids}
+    opts = client_options(cfg)
     outcomes = []
     for cid in cids:
         start = time.perf_counter()
+        result = local[cid].result
+        if result is None:
+            outcomes.append(ClientOutcome(cid, None, error=local[cid].error))
+            continue
         try:
-            x, y = data.client_data(cid)
-            result = local_update(model, w, x, y, spec, client_generator(cfg.seed, info.server_round, cid))
             job = ClientInput(cid, info, states.get(cid, {}), requests.get(cid, {}))
             payload, state = encode(opts, result.update, job)
         except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
             outcomes.append(ClientOutcome(cid, None, error=f"{type(exc).__name__}: {exc}"))
             continue
-        elapsed = time.perf_counter() - start
+        elapsed = local[cid].seconds + time.perf_counter() - start
         if state:
             state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
         diagnostic = diagnostic_payload(result.update) if cfg.diagnose_sketch else None
@@ -87,6 +108,58 @@ def run_cohort(
             )
         )
     return outcomes
+
+
+def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, server_round: int) -> _Local:
+    """One client's local computation on its own, failures caught (they are this client's alone)."""
+    start = time.perf_counter()
+    try:
+        x, y = load_data(cfg).client_data(cid)
+        result = local_update(model, w, x, y, local_spec(cfg), client_generator(cfg.seed, server_round, cid))
+    except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
+        return _Local(None, 0.0, f"{type(exc).__name__}: {exc}")
+    return _Local(result, time.perf_counter() - start)
+
+
+def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server_round: int) -> dict[int, _Local]:
+    """The clients' gradients ``client-batching`` at a time (:mod:`fedsketch.batched`).
+
+    Each client samples its batch with its own generator, exactly as
+    :func:`~fedsketch.local.local_update` does. Should the vectorized call
+    fail, every client is computed on its own, so a failure stays with the
+    client that caused it. Each client is charged an equal share of the call.
+    """
+    start = time.perf_counter()
+    data, spec = load_data(cfg), local_spec(cfg)
+    batches, local = _sample_batches(data, cids, cfg, server_round, w.device)
+    ready = list(batches)
+    try:
+        grads = per_client_gradients(_vectorizable_model(cfg), w, [batches[c] for c in ready], cfg.client_batching)
+    except Exception:  # noqa: BLE001 -- fall back to one client at a time, failures and all
+        return {**local, **{c: _one_result(cfg, _scratch_model(cfg), w, c, server_round) for c in ready}}
+    share = (time.perf_counter() - start) / max(len(ready), 1)
+    for cid, (grad, loss) in zip(ready, grads, strict=True):
+        update = grad + spec.weight_decay * w if spec.weight_decay else grad
+        local[cid] = _Local(LocalResult(update, len(batches[cid].y), loss), share)
+    return local
+
+
+def _sample_batches(
+    data: FederatedData, cids: list[int], cfg: RunConfig, server_round: int, device: torch.device
+) -> tuple[dict[int, ClientBatch], dict[int, _Local]]:
+    """Each client's batch for one gradient, or its failure (no data, bad id)."""
+    batches, failed = {}, {}
+    for cid in cids:
+        try:
+            x, y = data.client_data(cid)
+            if len(x) == 0:
+                raise ValueError("client has no training examples")
+            x, y = sample_batch(x, y, cfg.local_batch_size, client_generator(cfg.seed, server_round, cid))
+        except Exception as exc:  # noqa: BLE001 -- this client only
+            failed[cid] = _Local(None, 0.0, f"{type(exc).__name__}: {exc}")
+            continue
+        batches[cid] = ClientBatch(x.to(device), y.to(device))
+    return batches, failed
 
 
 def answer_queries(cids: list[int], states: dict[int, State], query: Payload) -> list[ClientOutcome]:

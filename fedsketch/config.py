@@ -84,6 +84,9 @@ class RunConfig:
     client_update: str = "gradient"
     local_batch_size: int = 64
     local_steps: int = 1
+    # With client-update "gradient": up to this many clients' gradients in one vectorized call
+    # (fedsketch/batched.py; for GPUs); 0: one client at a time.
+    client_batching: int = 0
     client_lr: float = 0.1
     weight_decay: float = 0.0
     # --- server optimizer
@@ -111,6 +114,7 @@ class RunConfig:
     min_nodes: int = 1
     device: str = "auto"
     round_timeout: float = 600.0
+    reply_poll_s: float = 0.005  # simulation: seconds between the ServerApp's looks for replies
     min_replies: int = 1
     # --- robustness and privacy (see strategies/guard.py, fedsketch/privacy.py)
     clip_norm: float = 0.0  # 0: off; else each client's update is scaled to at most this L2 norm
@@ -127,6 +131,7 @@ class RunConfig:
         _check_privacy(self)
         _check_download(self)
         _check_diagnostics(self)
+        _check_batching(self)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], base: RunConfig | None = None) -> RunConfig:
@@ -205,11 +210,12 @@ def _check_ranges(cfg: RunConfig) -> None:
             raise ConfigError(f"setting '{name.replace('_', '-')}' must be > 0; got {getattr(cfg, name)}")
     non_negative = (
         "seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size", "download_k",
+        "client_batching",
     )  # fmt: skip
     for name in non_negative:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"setting '{name.replace('_', '-')}' must be >= 0; got {getattr(cfg, name)}")
-    for name in ("lr", "client_lr", "partition_alpha", "round_timeout"):
+    for name in ("lr", "client_lr", "partition_alpha", "round_timeout", "reply_poll_s"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"setting '{name.replace('_', '-')}' must be > 0; got {getattr(cfg, name)}")
     if not 0.0 <= cfg.momentum < 1.0:
@@ -285,6 +291,15 @@ def _check_download(cfg: RunConfig) -> None:
         raise ConfigError(
             "settings 'download' = 'sparse' and 'secure-aggregation' are not combined: the SecAgg+ round sends "
             "the dense model and counts what it sends"
+        )
+
+
+def _check_batching(cfg: RunConfig) -> None:
+    """``client-batching`` vectorizes one gradient a client; local SGD steps are sequential by nature."""
+    if cfg.client_batching and cfg.client_update != "gradient":
+        raise ConfigError(
+            f"setting 'client-batching' ({cfg.client_batching}) needs 'client-update' = 'gradient' (one gradient a "
+            f"client); got {cfg.client_update!r}. Set client-batching = 0 for local training steps"
         )
 
 

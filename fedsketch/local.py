@@ -82,12 +82,20 @@ def local_update(
     return LocalResult(weights - get_flat(model), len(x), sum(losses) / len(losses))
 
 
+def sample_batch(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch one SGD step uses: all samples, or ``batch_size`` of them drawn without replacement."""
+    if len(x) > batch_size:
+        idx = torch.randperm(len(x), generator=gen)[:batch_size]
+        x, y = x[idx], y[idx]
+    return x, y
+
+
 def _gradient_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: LocalSpec, gen: torch.Generator) -> float:
     """Zero grads, then backprop the loss of one sampled batch; returns the loss."""
     device = next(model.parameters()).device
-    if len(x) > spec.batch_size:
-        idx = torch.randperm(len(x), generator=gen)[: spec.batch_size]
-        x, y = x[idx], y[idx]
+    x, y = sample_batch(x, y, spec.batch_size, gen)
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x.to(device)), y.to(device))
     loss.backward()

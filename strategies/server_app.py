@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from fedsketch import runlog
 from fedsketch.config import RunConfig, check_against_model
@@ -47,6 +48,19 @@ def build_strategy(cfg: RunConfig, out_dir: Path | None) -> FedSketchStrategy:
     return strategy
 
 
+def poll_replies_sooner(grid: Grid, interval_s: float) -> None:
+    """Set the in-memory simulation grid's sleep between pulls for replies (``reply-poll-s``).
+
+    Flower's simulation grid sleeps ``pull_interval`` (0.1 s) whenever a pull
+    finds replies missing, so every exchange ends on average 0.05 s after its
+    last reply arrived: at 0.4 s of client work a round, that idle wait alone
+    is a tenth of the round. A pull is a lookup in the in-process link state,
+    so polling sooner costs next to nothing. Deployment grids are left alone.
+    """
+    if isinstance(grid, InMemoryGrid):
+        grid.pull_interval = interval_s
+
+
 app = ServerApp()
 
 
@@ -54,5 +68,6 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     cfg = RunConfig.from_mapping(context.run_config)
+    poll_replies_sooner(grid, cfg.reply_poll_s)
     strategy = build_strategy(cfg, runlog.run_dir(cfg))
     strategy.start(grid)

@@ -37,6 +37,7 @@ def test_round_trip_through_kebab_case() -> None:
         ({"strategy": "fetch"}, "setting 'strategy' must be one of"),
         ({"error-feedback": "zero"}, "setting 'error-feedback' must be one of"),
         ({"clients-per-round": 500}, "exceeds 'num-clients'"),
+        ({"reply-poll-s": 0.0}, "setting 'reply-poll-s' must be > 0"),
     ],
 )
 def test_bad_settings_name_the_key(values: dict[str, object], message: str) -> None:

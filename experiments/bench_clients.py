@@ -1,0 +1,112 @@
+"""Clients per second: one client at a time against several clients' gradients in one call.
+
+FetchSGD's CIFAR setting (Rothchild et al., ICML 2020): ResNet-9 (GroupNorm),
+5 images of 32x32 a client, one gradient each, a 5 x 130,000 Count Sketch of
+it. This times ``run_cohort`` (the code a simulated Flower node runs for its
+cohort) on the same clients and round, in the same run:
+
+- ``loop``: one client at a time (``client-batching = 0``), the plain loop;
+- ``vectorized N``: ``client-batching = N``, N clients' gradients in one
+  ``torch.func`` call (:mod:`fedsketch.batched`), each still sketched alone;
+
+and prints clients per second and the ratio to the loop, on the GPU when one is
+present (``--device auto``), else on the CPU. The images are random (written
+to a temporary ``.npz``): the time of a gradient does not depend on them.
+
+    python -m experiments.bench_clients [--clients 100] [--batching 10 25 50 100] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsketch.client_side import RoundInfo
+from fedsketch.cohort import run_cohort
+from fedsketch.config import RunConfig
+from fedsketch.flat import get_flat
+from fedsketch.task import load_data, make_model, resolve_device
+
+IMAGES_PER_CLIENT = 5
+
+
+def write_images(path: Path, num_clients: int) -> None:
+    """Random CIFAR-shaped images, ``IMAGES_PER_CLIENT`` a client, and a small test set."""
+    rng = np.random.default_rng(0)
+    n = num_clients * IMAGES_PER_CLIENT
+    np.savez(
+        path,
+        x_train=rng.standard_normal((n, 3, 32, 32), dtype=np.float32),
+        y_train=rng.integers(0, 10, n),
+        x_test=rng.standard_normal((100, 3, 32, 32), dtype=np.float32),
+        y_test=rng.integers(0, 10, 100),
+    )
+
+
+def bench_config(path: Path, num_clients: int, batching: int, device: str) -> RunConfig:
+    """The CIFAR-10 config's client settings on the images at ``path``."""
+    return RunConfig.from_mapping({
+        "dataset": "npz", "data-root": str(path), "partition": "iid", "num-clients": num_clients,
+        "clients-per-round": num_clients, "model": "resnet9", "model-norm": "group", "client-update": "gradient",
+        "local-batch-size": IMAGES_PER_CLIENT, "sketch-rows": 5, "sketch-cols": 130000, "k": 65000,
+        "client-batching": batching, "device": device,
+    })  # fmt: skip
+
+
+def clients_per_second(cfg: RunConfig, weights: np.ndarray, repeats: int) -> float:
+    """Median over ``repeats`` rounds of all clients through ``run_cohort``."""
+    cids = list(range(cfg.num_clients))
+    run_cohort(cfg, weights, cids[: min(len(cids), max(cfg.client_batching, 2))], RoundInfo(1, 0, 5, 130000))  # warm-up
+    rates = []
+    for rnd in range(repeats):
+        _sync(cfg)
+        t0 = time.perf_counter()
+        outcomes = run_cohort(cfg, weights, cids, RoundInfo(rnd + 2, 0, 5, 130000))
+        _sync(cfg)
+        rates.append(len(cids) / (time.perf_counter() - t0))
+        failed = [o.error for o in outcomes if o.error]
+        if failed:
+            raise RuntimeError(f"{len(failed)} clients failed, e.g. {failed[0]}")
+    return statistics.median(rates)
+
+
+def _sync(cfg: RunConfig) -> None:
+    if resolve_device(cfg.device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    """Time the loop and each batching, then print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=100, help="clients a round (default: 100)")
+    parser.add_argument("--batching", type=int, nargs="+", default=[10, 25, 50, 100])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-clients-") as tmp:
+        path = Path(tmp) / "images.npz"
+        write_images(path, args.clients)
+        base = bench_config(path, args.clients, 0, args.device)
+        weights = get_flat(make_model(base, load_data(base))).cpu().numpy()
+        rows = [("loop (one client at a time)", clients_per_second(base, weights, args.repeats))]
+        for n in args.batching:
+            cfg = bench_config(path, args.clients, n, args.device)
+            rows.append((f"vectorized, {n} clients a call", clients_per_second(cfg, weights, args.repeats)))
+    device = resolve_device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"ResNet-9 (GroupNorm, {weights.size:,} parameters), {IMAGES_PER_CLIENT} images of 32x32 a client, "
+          f"one gradient and a 5 x 130,000 sketch each, {args.clients} clients; {name}")  # fmt: skip
+    print("| client work | clients/s | vs loop |")
+    print("| --- | ---: | ---: |")
+    for label, rate in rows:
+        print(f"| {label} | {rate:,.1f} | {rate / rows[0][1]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
