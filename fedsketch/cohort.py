@@ -18,7 +18,16 @@ import torch
 from torch import nn
 
 from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
-from fedsketch.client_side import ClientInput, Payload, RoundInfo, State, answer_query, diagnostic_payload, encode
+from fedsketch.client_side import (
+    ClientInput,
+    ClientOptions,
+    Payload,
+    RoundInfo,
+    State,
+    answer_query,
+    diagnostic_payload,
+    encode,
+)
 from fedsketch.config import RunConfig
 from fedsketch.data.spec import FederatedData
 from fedsketch.local import LocalResult, client_generator, local_update, sample_batch
@@ -80,34 +89,38 @@ def run_cohort(
     states, requests = states or {}, requests or {}
     model = _scratch_model(cfg)
     w = torch.as_tensor(weights, dtype=torch.float32).to(next(model.parameters()).device)
-    if cfg.client_batching:
-        local = _vectorized_results(cfg, w, cids, info.server_round)
-    else:
-        local = {cid: _one_result(cfg, model, w, cid, info.server_round) for cid in cids}
     opts = client_options(cfg)
     outcomes = []
-    for cid in cids:
-        start = time.perf_counter()
-        result = local[cid].result
-        if result is None:
-            outcomes.append(ClientOutcome(cid, None, error=local[cid].error))
-            continue
-        try:
+    # A chunk's updates are all held until encoded: one client at a time, or client-batching at a time.
+    step = max(cfg.client_batching, 1)
+    for chunk in (cids[i : i + step] for i in range(0, len(cids), step)):
+        if cfg.client_batching:
+            local = _vectorized_results(cfg, w, chunk, info.server_round)
+        else:
+            local = {cid: _one_result(cfg, model, w, cid, info.server_round) for cid in chunk}
+        for cid in chunk:
             job = ClientInput(cid, info, states.get(cid, {}), requests.get(cid, {}))
-            payload, state = encode(opts, result.update, job)
-        except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
-            outcomes.append(ClientOutcome(cid, None, error=f"{type(exc).__name__}: {exc}"))
-            continue
-        elapsed = local[cid].seconds + time.perf_counter() - start
-        if state:
-            state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
-        diagnostic = diagnostic_payload(result.update) if cfg.diagnose_sketch else None
-        outcomes.append(
-            ClientOutcome(
-                cid, payload, result.num_examples, result.loss, elapsed, state=state or None, diagnostic=diagnostic
-            )
-        )
+            outcomes.append(_finish(cfg, opts, job, local[cid]))
     return outcomes
+
+
+def _finish(cfg: RunConfig, opts: ClientOptions, job: ClientInput, local: _Local) -> ClientOutcome:
+    """Encode one client's update into its payload (and state); a failure is this client's alone."""
+    start = time.perf_counter()
+    result = local.result
+    if result is None:
+        return ClientOutcome(job.cid, None, error=local.error)
+    try:
+        payload, state = encode(opts, result.update, job)
+    except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
+        return ClientOutcome(job.cid, None, error=f"{type(exc).__name__}: {exc}")
+    elapsed = local.seconds + time.perf_counter() - start
+    if state:
+        state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
+    diagnostic = diagnostic_payload(result.update) if cfg.diagnose_sketch else None
+    return ClientOutcome(
+        job.cid, payload, result.num_examples, result.loss, elapsed, state=state or None, diagnostic=diagnostic
+    )
 
 
 def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, server_round: int) -> _Local:
