@@ -41,7 +41,7 @@ FILE = "checkpoint.pt"
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
 VERSION = 1
-RUNTIME_KEYS = ("out-dir", "checkpoint-every", "round-timeout", "reply-poll-s", "min-nodes", "device")
+RUNTIME_KEYS = ("out-dir", "checkpoint-every", "round-timeout", "reply-poll-s", "min-nodes", "device", "client-state")
 """Settings that change where or how a run executes, not what it computes: a resume may change them."""
 
 

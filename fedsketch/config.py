@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from fedsketch.download import MODES as DOWNLOAD_MODES
@@ -41,6 +43,7 @@ CLIENT_UPDATES = ("gradient", "delta")
 ASSIGNMENTS = ("cohort", "node")
 DEVICES = ("auto", "cpu", "cuda")
 SIGNSGD_VARIANTS = ("ef", "majority")
+CLIENT_STATES = ("memory", "disk")
 
 
 class ConfigError(ValueError):
@@ -105,6 +108,9 @@ class RunConfig:
     signsgd_variant: str = "ef"
     candidate_factor: int = 3
     max_client_state_mb: int = 4096
+    # Where clients with error feedback keep it: "memory" (their node's Flower Context.state) or
+    # "disk" (one file per client under the run's folder; fedsketch/client_state.py).
+    client_state: str = "memory"
     download: str = "dense"  # "sparse": returning clients get only what changed (fedsketch/download.py)
     # Compressed-upload baselines: send back only the top-k of the server's update, keeping the rest
     # in a server-side error accumulator (0: the whole averaged update).
@@ -186,6 +192,7 @@ def _check_choices(cfg: RunConfig) -> None:
         "model_norm": NORMS,
         "error_feedback": ERROR_FEEDBACK,
         "client_update": CLIENT_UPDATES,
+        "client_state": CLIENT_STATES,
         "client_assignment": ASSIGNMENTS,
         "device": DEVICES,
         "lr_schedule": LR_SCHEDULES,
@@ -348,9 +355,24 @@ def check_against_model(cfg: RunConfig, d: int) -> None:
             f"setting 'candidate-factor' x 'k' ({cfg.candidate_factor} x {cfg.k}) exceeds the model's {d} parameters"
         )
     need = client_state_bytes(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)
-    if need > cfg.max_client_state_mb * 2**20:
+    if cfg.client_state == "disk":
+        _check_disk(cfg, d, need)
+    elif need > cfg.max_client_state_mb * 2**20:
         raise ConfigError(
             f"{describe_client_state(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)}, "
             f"above setting 'max-client-state-mb' ({cfg.max_client_state_mb}); lower 'num-clients', "
-            "or raise 'max-client-state-mb' if the machine has the memory"
+            "or raise 'max-client-state-mb' if the machine has the memory, or keep it on disk: client-state = 'disk'"
+        )
+
+
+def _check_disk(cfg: RunConfig, d: int, need: int) -> None:
+    """With ``client-state = "disk"``, the clients' state must fit on the out-dir's file system."""
+    root = Path(cfg.out_dir).resolve()
+    while not root.exists():
+        root = root.parent
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise ConfigError(
+            f"{describe_client_state(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)}, "
+            f"more than the {free / 2**30:,.2f} GiB free under {root} (setting 'client-state' = 'disk')"
         )

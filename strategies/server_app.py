@@ -9,6 +9,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from fedsketch import runlog
+from fedsketch.client_state import clear_states
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.flat import num_params
 from fedsketch.task import load_data, make_model
@@ -70,4 +71,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg = RunConfig.from_mapping(context.run_config)
     poll_replies_sooner(grid, cfg.reply_poll_s)
     strategy = build_strategy(cfg, runlog.run_dir(cfg))
+    if cfg.client_state == "disk":  # a fresh run; no earlier run's states left on this disk
+        clear_states(cfg)
     strategy.start(grid)
+    if cfg.client_state == "disk":  # of no use once the run has ended (and possibly gigabytes)
+        clear_states(cfg)

@@ -35,6 +35,9 @@ sketch-rows = 3
 sketch-cols = 1000
 k = 200
 candidate-factor = 2
+
+[strategy.local_topk]
+client-state = "disk"
 """
 
 
@@ -96,6 +99,11 @@ def test_every_strategy_runs_two_rounds_through_flower_and_counts_serialized_byt
     sketched = _rows(tmp_path / "all" / "sketched_sgd")
     assert sketched[-1]["cum_download_bytes"] > dense  # the queries and pending supports are charged too
     assert (tmp_path / "all" / "accuracy_vs_upload_bytes.png").stat().st_size > 0
+    # local_topk kept its clients' state on disk, and the ServerApp removed it when the run ended
+    assert json.loads((tmp_path / "all" / "local_topk" / "config.json").read_text())["client-state"] == "disk"
+    assert (tmp_path / "all" / "local_topk").is_dir() and not (
+        tmp_path / "all" / "local_topk" / "client-state"
+    ).exists()
 
 
 def _run_table(path: Path) -> dict[str, object]:

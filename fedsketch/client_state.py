@@ -1,0 +1,75 @@
+"""Client state on disk: one file per logical client, for runs whose state outgrows memory.
+
+Local top-k (and the other client-side error-feedback baselines) keep d floats
+per client that has taken part; at 10,000 clients that is far more than a
+simulation machine's memory (the FetchSGD paper's argument for server-side
+state, Rothchild et al., ICML 2020, Sec. 3). With ``client-state = "disk"``
+each logical client's state is one ``.npz`` file under the run's folder,
+read when the client is sampled and rewritten when it replies, so memory holds
+only the clients of the current call. A file is written to a temporary name and
+renamed into place: a process killed mid-write leaves the old state whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsketch.config import RunConfig
+from fedsketch.runlog import run_dir
+
+State = dict[str, torch.Tensor]
+
+
+def state_root(cfg: RunConfig) -> Path:
+    """``<run dir>/client-state``: where a run's disk-kept client states live."""
+    return run_dir(cfg) / "client-state"
+
+
+def clear_states(cfg: RunConfig) -> None:
+    """Delete every client state kept under the run's folder (before a fresh run, after a finished one)."""
+    shutil.rmtree(state_root(cfg), ignore_errors=True)
+
+
+class DiskStates:
+    """The states of the logical clients of one Flower run, one file each under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, cid: int) -> Path:
+        """The file of client ``cid``."""
+        return self.root / f"{cid}.npz"
+
+    def load(self, cid: int) -> State:
+        """What client ``cid`` kept; ``{}`` if it has not taken part yet.
+
+        Raises
+        ------
+        ValueError
+            If the file exists but cannot be read (naming the file, so it can be removed).
+        """
+        path = self.path(cid)
+        if not path.exists():
+            return {}
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                return {name: torch.from_numpy(arrays[name].copy()) for name in arrays.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise ValueError(
+                f"client {cid}: its state file {path} is unreadable ({exc}); delete it to start this client over"
+            ) from None
+
+    def save(self, cid: int, state: State) -> None:
+        """Replace client ``cid``'s state, atomically."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(cid).with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            arrays = {name: t.detach().float().cpu().numpy() for name, t in state.items()}
+            np.savez(f, allow_pickle=False, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its flags
+        os.replace(tmp, self.path(cid))
