@@ -18,9 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from experiments.launch import Federation
 from fedsketch.config import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from experiments.launch import Federation
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -87,7 +90,7 @@ def _federation(supernodes: int, gpus: float | None) -> Federation:
     """The simulated nodes and their share of the GPUs (see :func:`experiments.launch.gpus_per_node`)."""
     import torch
 
-    from experiments.launch import gpus_per_node
+    from experiments.launch import Federation, gpus_per_node
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())

@@ -30,7 +30,7 @@ from fedsketch.client_side import (
 )
 from fedsketch.config import RunConfig
 from fedsketch.data.spec import FederatedData
-from fedsketch.local import LocalResult, client_generator, local_update, sample_batch
+from fedsketch.local import LocalResult, client_generator, local_update, require_examples, sample_batch
 from fedsketch.task import client_options, load_data, local_spec, make_model
 
 EXAMPLES = "num-examples"
@@ -165,8 +165,7 @@ def _sample_batches(
     for cid in cids:
         try:
             x, y = data.client_data(cid)
-            if len(x) == 0:
-                raise ValueError("client has no training examples")
+            require_examples(x)
             x, y = sample_batch(x, y, cfg.local_batch_size, client_generator(cfg.seed, server_round, cid))
         except Exception as exc:  # noqa: BLE001 -- this client only
             failed[cid] = _Local(None, 0.0, f"{type(exc).__name__}: {exc}")

@@ -355,17 +355,17 @@ def check_against_model(cfg: RunConfig, d: int) -> None:
             f"setting 'candidate-factor' x 'k' ({cfg.candidate_factor} x {cfg.k}) exceeds the model's {d} parameters"
         )
     need = client_state_bytes(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)
+    what = describe_client_state(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)
     if cfg.client_state == "disk":
-        _check_disk(cfg, d, need)
+        _check_disk(cfg, need, what)
     elif need > cfg.max_client_state_mb * 2**20:
         raise ConfigError(
-            f"{describe_client_state(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)}, "
-            f"above setting 'max-client-state-mb' ({cfg.max_client_state_mb}); lower 'num-clients', "
+            f"{what}, above setting 'max-client-state-mb' ({cfg.max_client_state_mb}); lower 'num-clients', "
             "or raise 'max-client-state-mb' if the machine has the memory, or keep it on disk: client-state = 'disk'"
         )
 
 
-def _check_disk(cfg: RunConfig, d: int, need: int) -> None:
+def _check_disk(cfg: RunConfig, need: int, what: str) -> None:
     """With ``client-state = "disk"``, the clients' state must fit on the out-dir's file system."""
     root = Path(cfg.out_dir).resolve()
     while not root.exists():
@@ -373,6 +373,5 @@ def _check_disk(cfg: RunConfig, d: int, need: int) -> None:
     free = shutil.disk_usage(root).free
     if need > free:
         raise ConfigError(
-            f"{describe_client_state(cfg.strategy, d, cfg.num_clients, cfg.momentum, cfg.signsgd_variant)}, "
-            f"more than the {free / 2**30:,.2f} GiB free under {root} (setting 'client-state' = 'disk')"
+            f"{what}, more than the {free / 2**30:,.2f} GiB free under {root} (setting 'client-state' = 'disk')"
         )

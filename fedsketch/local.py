@@ -62,8 +62,7 @@ def local_update(
 
     ``model`` is a scratch module: its parameters are overwritten.
     """
-    if len(x) == 0:
-        raise ValueError("client has no training examples")
+    require_examples(x)
     set_flat(model, weights)
     model.train()
     if spec.mode == "gradient":
@@ -80,6 +79,12 @@ def local_update(
                 if p.grad is not None:
                     p.add_(p.grad + spec.weight_decay * p, alpha=-spec.lr)
     return LocalResult(weights - get_flat(model), len(x), sum(losses) / len(losses))
+
+
+def require_examples(x: torch.Tensor) -> None:
+    """A client with no samples has no update to compute: say so, by name."""
+    if len(x) == 0:
+        raise ValueError("client has no training examples")
 
 
 def sample_batch(
