@@ -2,12 +2,14 @@
 
 A message names the logical clients to run (a cohort, in simulation); an empty
 list means "you are one client": the node's ``partition-id`` (deployment).
-Most methods are stateless; those whose clients keep error feedback (or
-Sketched-SGD's momentum) keep it per logical client in this node's
-``Context.state`` (the server sends a client to the same node every round), or
-with ``client-state = "disk"`` in one file per client (:mod:`fedsketch.client_state`). A
-``phase`` 2 message is Sketched-SGD's query: no training, each client answers
-from its kept state.
+What a client computes and uploads is its method's (:mod:`fedsketch.methods`),
+run by :mod:`fedsketch.cohort`; this module is Flower plumbing. Methods whose
+clients keep state (error feedback, Sketched-SGD's momentum) keep it per
+logical client in this node's ``Context.state`` (the server sends a client to
+the same node every round), or with ``client-state = "disk"`` in one file per
+client; a new state stays pending until the server says it applied the upload
+that led to it (:mod:`fedsketch.client_state`). A phase-2 message is a second exchange
+(Sketched-SGD's query): no training, each client answers from its kept state.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.secure import FITINS_CONFIG, is_secure, secure_aggregation_mod, secure_train
-from fedsketch import wire
-from fedsketch.client_side import Payload, RoundInfo, State
+from clients import kept_model, messages
+from clients.secure import is_secure, secure_aggregation_mod, secure_train
+from fedsketch import client_state, wire
 from fedsketch.client_state import DiskStates, state_root
-from fedsketch.cohort import answer_queries, run_cohort
+from fedsketch.cohort import ClientOutcome, answer_queries, run_cohort
 from fedsketch.config import RunConfig
-from strategies.records import client_metrics, failure_record, payload_to_record, record_to_payload, weights_from
+from fedsketch.methods import ClientJob, State, received_round_config
 
 app = ClientApp(mods=[secure_aggregation_mod])
 
@@ -34,83 +36,103 @@ def _parse(items: tuple[tuple[str, object], ...]) -> RunConfig:
     return RunConfig.from_mapping(dict(items))
 
 
-def _round_info(config: ConfigRecord) -> RoundInfo:
-    return RoundInfo(
-        server_round=int(config[wire.ROUND]),  # type: ignore[arg-type]
-        sketch_seed=int(config.get("sketch-seed", 0)),  # type: ignore[arg-type]
-        sketch_rows=int(config.get("sketch-rows", 1)),  # type: ignore[arg-type]
-        sketch_cols=int(config.get("sketch-cols", 1)),  # type: ignore[arg-type]
-    )
+def run_config(context: Context) -> RunConfig:
+    """The run's config, parsed once per process."""
+    return _parse(tuple(sorted(context.run_config.items())))
 
 
-class _ContextStates:
+class ContextStates:
     """Client states in the node's ``Context.state`` (Flower keeps it with the node between messages)."""
 
     def __init__(self, context: Context) -> None:
         self.context = context
 
     def load(self, cid: int) -> State:
+        """What client ``cid`` kept ({} the first time)."""
         record = self.context.state.array_records.get(wire.state_key(cid))
-        return {} if record is None else {k: torch.from_numpy(arr) for k, arr in record_to_payload(record).items()}
+        return {} if record is None else {k: torch.from_numpy(a) for k, a in messages.record_to_payload(record).items()}
 
     def save(self, cid: int, state: State) -> None:
+        """Replace what client ``cid`` keeps."""
         kept = {name: t.detach().float().cpu().numpy() for name, t in state.items()}
-        self.context.state[wire.state_key(cid)] = payload_to_record(kept)
+        self.context.state[wire.state_key(cid)] = messages.payload_to_record(kept)
 
 
-def _store(cfg: RunConfig, context: Context) -> _ContextStates | DiskStates:
+def _store(cfg: RunConfig, context: Context) -> ContextStates | DiskStates:
     if cfg.client_state == "disk":  # one folder per Flower run: a new run never sees an old run's state
         return DiskStates(state_root(cfg) / f"run-{context.run_id}")
-    return _ContextStates(context)
+    return ContextStates(context)
 
 
-def _load_states(store: _ContextStates | DiskStates, cids: list[int]) -> tuple[dict[int, State], dict[int, str]]:
-    """Each client's kept state, or why it cannot be read (that client fails alone)."""
-    states, unreadable = {}, {}
+def _settled(request: messages.Request, cids: list[int]) -> dict[int, int]:
+    """Per client, the last round the server applied its upload (as the request says; absent: unknown)."""
+    rounds = [int(r) for r in request.config.get(wire.SETTLED, [])]  # type: ignore[union-attr]
+    return {cid: r for cid, r in zip(cids, rounds) if r >= 0}
+
+
+def _jobs(
+    store: ContextStates | DiskStates, request: messages.Request, cids: list[int], round_config: dict[str, int]
+) -> tuple[list[ClientJob], dict[int, State], dict[int, str]]:
+    """Each client's job and the committed state its new state will sit beside, or why it cannot run.
+
+    A first exchange starts from the client's settled state; a second exchange
+    reads what this round's first exchange left pending. A client whose kept
+    state cannot be read, or who has nothing pending for a second exchange, fails alone.
+    """
+    settled = _settled(request, cids)
+    jobs, bases, failed = [], {}, {}
     for cid in cids:
         try:
-            states[cid] = store.load(cid)
+            stored = store.load(cid)
+            if request.phase == 2:
+                state, bases[cid] = client_state.pending(stored, request.server_round), client_state.committed(stored)
+            else:
+                state = bases[cid] = client_state.settle(stored, settled.get(cid))
         except ValueError as exc:
-            unreadable[cid] = str(exc)
-    return states, unreadable
+            failed[cid] = str(exc)
+            continue
+        jobs.append(ClientJob(cid, request.server_round, round_config, state, request.extras.get(cid, {})))
+    return jobs, bases, failed
 
 
-def _requests(content: RecordDict, cids: list[int]) -> dict[int, Payload]:
-    records = content.array_records
-    return {cid: record_to_payload(records[wire.request_key(cid)]) for cid in cids if wire.request_key(cid) in records}
+def _train(
+    cfg: RunConfig, request: messages.Request, context: Context, jobs: list[ClientJob], echo: dict[str, int]
+) -> tuple[list[ClientOutcome], dict[str, int]]:
+    """A first exchange: the model (kept and caught up, on a device with sparse downloads), then the cohort."""
+    try:
+        weights = kept_model.weights_for(request, context)
+    except ValueError as exc:
+        return [ClientOutcome(job.cid, None, error=str(exc)) for job in jobs], echo
+    if cfg.download == "sparse" and cfg.client_assignment == "node":
+        kept_model.keep(context, weights, request.server_round)
+        echo = {**echo, wire.MODEL_CRC: messages.model_crc(weights)}
+    return run_cohort(cfg, weights, jobs), echo
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run the requested logical clients and reply with one entry per client."""
-    cfg = _parse(tuple(sorted(context.run_config.items())))
+    cfg = run_config(context)
     if is_secure(msg):  # SecAgg+'s masking stage: see clients/secure.py
-        return secure_train(msg, context, cfg, _round_info(msg.content.config_records[FITINS_CONFIG]))
-    config = msg.content.config_records[wire.CONFIG_KEY]
-    cids = [int(c) for c in config.get(wire.CIDS, [])]  # type: ignore[union-attr]
-    if not cids:
-        cids = [int(context.node_config["partition-id"])]
+        return secure_train(msg, context, cfg)
+    request = messages.read_request(msg.content)
+    cids = request.cids or [int(context.node_config["partition-id"])]
+    echo = received_round_config(cfg, request.config)
     store = _store(cfg, context)
-    states, unreadable = _load_states(store, cids)
-    cids = [cid for cid in cids if cid in states]
-    if int(config.get(wire.PHASE, 1)) == 2:  # type: ignore[arg-type]
-        query = record_to_payload(msg.content.array_records[wire.QUERY_KEY])
-        outcomes = answer_queries(cids, states, query)
+    jobs, bases, unreadable = _jobs(store, request, cids, echo)
+    if request.phase == 2:
+        outcomes = answer_queries(cfg, jobs, request.query or {})
     else:
-        info = _round_info(config)
-        outcomes = run_cohort(cfg, weights_from(msg.content), cids, info, states, _requests(msg.content, cids))
-    echo = {key: int(config[key]) for key in wire.ECHO_KEYS if key in config}  # type: ignore[arg-type]
+        outcomes, echo = _train(cfg, request, context, jobs, echo)
     content = RecordDict()
     for cid, reason in unreadable.items():
-        content[wire.failure_key(cid)] = failure_record(reason)
+        messages.add_failure(content, cid, reason)
     for out in outcomes:
-        if out.state is not None:
-            store.save(out.cid, out.state)
+        if out.state is not None:  # pending until the server says it applied this round's upload
+            store.save(out.cid, client_state.with_pending(bases[out.cid], out.state, request.server_round))
         if out.payload is None:
-            content[wire.failure_key(out.cid)] = failure_record(out.error or "unknown error")
+            messages.add_failure(content, out.cid, out.error or "")
             continue
-        content[wire.update_key(out.cid)] = payload_to_record(out.payload)
-        content[wire.metrics_key(out.cid)] = client_metrics(out.num_examples, out.loss, out.compute_s, echo)
-        if out.diagnostic is not None:  # diagnose-sketch: a separate record, never counted as upload
-            content[wire.diagnostic_key(out.cid)] = payload_to_record(out.diagnostic)
+        metrics = messages.client_metrics(out.num_examples, out.loss, out.compute_s, echo)
+        messages.add_update(content, out.cid, out.payload, metrics, out.diagnostic)
     return Message(content=content, reply_to=msg)

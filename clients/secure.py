@@ -14,7 +14,6 @@ estimate for FetchSGD) before summing them.
 from __future__ import annotations
 
 import numpy as np
-import torch
 from flwr.app import Context, Message, MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
@@ -23,11 +22,11 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from fedsketch import wire
-from fedsketch.client_side import RoundInfo
+from fedsketch.aggregate import weighted_mean
 from fedsketch.cohort import ClientOutcome, run_cohort
 from fedsketch.config import RunConfig
+from fedsketch.methods import ClientJob, ClientUpdate, get_method, received_round_config
 from fedsketch.privacy import clip_factor
-from fedsketch.sketch import CountSketch
 
 FITINS_CONFIG, FITINS_PARAMETERS = "fitins.config", "fitins.parameters"
 
@@ -44,7 +43,7 @@ def is_secure(msg: Message) -> bool:
     return FITINS_CONFIG in msg.content.config_records
 
 
-def secure_train(msg: Message, context: Context, cfg: RunConfig, info: RoundInfo) -> Message:
+def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
     """Run the node's clients; reply with their weighted mean and example count as a FitRes.
 
     Raises
@@ -56,15 +55,18 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig, info: RoundInfo
     config = msg.content.config_records[FITINS_CONFIG]
     record = msg.content.array_records[FITINS_PARAMETERS]
     weights = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))[0]
-    cids = [int(c) for c in config.get(wire.CIDS, [])]  # type: ignore[union-attr]
-    outcomes = run_cohort(cfg, weights, cids or [int(context.node_config["partition-id"])], info)
+    cids = [int(c) for c in config.get(wire.CIDS, [])] or [int(context.node_config["partition-id"])]  # type: ignore[union-attr]
+    round_config = received_round_config(cfg, config)
+    jobs = [ClientJob(cid, int(config[wire.ROUND]), round_config) for cid in cids]  # type: ignore[arg-type]
+    outcomes = run_cohort(cfg, weights, jobs)
     done = [out for out in outcomes if out.payload is not None]
     if not done:
         raise RuntimeError(f"no client of this node produced an update: {[o.error for o in outcomes][:3]}")
     total = sum(out.num_examples for out in done)
     names = sorted(done[0].payload)  # type: ignore[arg-type]
-    clipped = [_clipped(out, cfg.clip_norm, weights.size, info.sketch_seed) for out in done]
-    mean = [sum(c[name] * (out.num_examples / total) for c, out in zip(clipped, done)) for name in names]
+    clipped = [_clipped(out, cfg, weights.size) for out in done]
+    examples = [out.num_examples for out in done]
+    mean = [weighted_mean([c[name] for c in clipped], examples).numpy() for name in names]
     losses = [out.loss for out in done if out.loss == out.loss]
     metrics: dict[str, Scalar] = {"clients": len(done), "failed": len(outcomes) - len(done),
                                   "loss": float(np.mean(losses)) if losses else float("nan")}  # fmt: skip
@@ -73,14 +75,12 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig, info: RoundInfo
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
 
 
-def _clipped(out: ClientOutcome, bound: float, d: int, sketch_seed: int) -> dict[str, np.ndarray]:
-    """The client's payload scaled to norm ``bound`` if it is above it (0: no clipping), in float64."""
+def _clipped(out: ClientOutcome, cfg: RunConfig, d: int) -> dict[str, np.ndarray]:
+    """The client's payload in float64, scaled to norm ``clip-norm`` if above it, by the norm the server would use."""
     payload = {name: np.asarray(arr, np.float64) for name, arr in (out.payload or {}).items()}
-    if bound <= 0:
+    norm_of = get_method(cfg.strategy).norm
+    if cfg.clip_norm <= 0 or norm_of is None:
         return payload
-    if "table" in payload:  # a sketch: the norm it estimates, as the server would clip it
-        norm = CountSketch.from_table(torch.from_numpy(payload["table"]), d, sketch_seed).l2_estimate()
-    else:
-        norm = float(np.sqrt(sum(np.square(arr).sum() for arr in payload.values())))
-    factor = clip_factor(norm, bound)
+    update = ClientUpdate(out.cid, out.payload or {}, out.num_examples, out.loss, 0)
+    factor = clip_factor(norm_of(update, cfg, d), cfg.clip_norm)
     return {name: arr * factor for name, arr in payload.items()}

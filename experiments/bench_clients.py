@@ -27,13 +27,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsketch.client_side import RoundInfo
 from fedsketch.cohort import run_cohort
 from fedsketch.config import RunConfig
 from fedsketch.flat import get_flat
+from fedsketch.methods import ClientJob
 from fedsketch.task import load_data, make_model, resolve_device
 
 IMAGES_PER_CLIENT = 5
+
+
+def jobs(cids: list[int], server_round: int) -> list[ClientJob]:
+    """The clients' jobs with the benchmark's 5 x 130,000 sketch."""
+    return [ClientJob(cid, server_round, {"sketch-seed": 0, "sketch-rows": 5, "sketch-cols": 130_000}) for cid in cids]
 
 
 def write_images(path: Path, num_clients: int) -> None:
@@ -62,12 +67,12 @@ def bench_config(path: Path, num_clients: int, batching: int, device: str) -> Ru
 def clients_per_second(cfg: RunConfig, weights: np.ndarray, repeats: int) -> float:
     """Median over ``repeats`` rounds of all clients through ``run_cohort``."""
     cids = list(range(cfg.num_clients))
-    run_cohort(cfg, weights, cids[: min(len(cids), max(cfg.client_batching, 2))], RoundInfo(1, 0, 5, 130000))  # warm-up
+    run_cohort(cfg, weights, jobs(cids[: min(len(cids), max(cfg.client_batching, 2))], 1))  # warm-up
     rates = []
     for rnd in range(repeats):
         _sync(cfg)
         t0 = time.perf_counter()
-        outcomes = run_cohort(cfg, weights, cids, RoundInfo(rnd + 2, 0, 5, 130000))
+        outcomes = run_cohort(cfg, weights, jobs(cids, rnd + 2))
         _sync(cfg)
         rates.append(len(cids) / (time.perf_counter() - t0))
         failed = [o.error for o in outcomes if o.error]

@@ -62,11 +62,10 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from fedsketch.algorithms import fetchsgd
-    from fedsketch.client_side import RoundInfo
     from fedsketch.cohort import run_cohort
     from fedsketch.evaluate import evaluate
     from fedsketch.flat import get_flat, set_flat
+    from fedsketch.methods import ClientJob, ClientUpdate, Round, get_method
     from fedsketch.schedule import lr_at
     from fedsketch.task import load_data, make_model
 
@@ -75,24 +74,21 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
     data = load_data(cfg)
     model = make_model(cfg, data)
     w = get_flat(model)
-    params = fetchsgd.FetchSGDParams(
-        d=w.numel(), rows=cfg.sketch_rows, cols=cfg.sketch_cols, seed=cfg.seed, k=cfg.k,
-        momentum=cfg.momentum, error_feedback=cfg.error_feedback, momentum_zeroing=cfg.momentum_zeroing,
-    )  # fmt: skip
-    state = fetchsgd.init(params)
+    method = get_method(cfg.strategy)
+    state = method.init(cfg, w.numel(), w.device)
     times, first_round = [], 0.0
     for rnd in range(1, cfg.num_rounds + 1):
         t0 = time.perf_counter()
         rng = np.random.default_rng([cfg.seed, rnd])  # the strategy's sampling (strategies/sampling.py)
         cids = sorted(int(c) for c in rng.choice(cfg.num_clients, size=cfg.clients_per_round, replace=False))
-        outcomes = run_cohort(cfg, w.numpy(), cids, RoundInfo(rnd, cfg.seed, cfg.sketch_rows, cfg.sketch_cols))
-        total = sum(o.num_examples for o in outcomes)
-        merged = torch.zeros_like(state.error)
+        outcomes = run_cohort(cfg, w.numpy(), [ClientJob(cid, rnd, method.round_config(cfg)) for cid in cids])
+        updates = []
         for o in outcomes:
             assert o.payload is not None, o.error  # the benchmark's clients do not fail
-            merged += (o.num_examples / total) * torch.from_numpy(o.payload["table"])
-        state, update = fetchsgd.step(state, merged, params, lr_at(cfg.lr_schedule, cfg.lr, rnd, cfg.num_rounds))
-        w = w - update.dense(w.numel())
+            updates.append(ClientUpdate(o.cid, o.payload, o.num_examples, o.loss, 0))
+        lr = lr_at(cfg.lr_schedule, cfg.lr, rnd, cfg.num_rounds)
+        state, delta = method.step(state, Round(rnd, lr, updates, w.numel(), w.device), cfg)
+        w = w - delta
         set_flat(model, w)
         evaluate(model, data.test_x, data.test_y)
         times.append(time.perf_counter() - t0)

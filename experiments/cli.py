@@ -3,7 +3,7 @@
     fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
-    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--set key=value ...]
+    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v ...]
     fedsketch deploy --kit DIR --server HOST [--supernodes N] [--port P]
 
 ``run`` with no CONFIG runs the embedded default (experiments/configs/default.toml):
@@ -11,11 +11,17 @@ FetchSGD against uncompressed training on generated data, through Flower's
 simulation runtime, then draws the plots and writes the report. An experiment
 file's ``[sweep]`` table runs each strategy at every point of a grid of
 compression settings (see experiments/sweep.py).
+
+Ctrl-C (SIGINT) or SIGTERM stops ``run`` and ``deploy`` with every process they
+started (exit 130 / 143; a second one forces), keeping what was measured;
+SIGUSR1 skips only the current run; the next command stops what a SIGKILLed
+one left (experiments/stopping.py, docs/stopping.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +30,7 @@ from fedsketch.config import ConfigError, RunConfig
 
 if TYPE_CHECKING:
     from experiments.launch import Federation
+    from experiments.stopping import Invocation
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -33,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="fedsketch",
         description="Federated learning with Count Sketches (FetchSGD) and its baselines, on Flower.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Results go to runs/<experiment>/<strategy>/[<sweep point>/] (metrics.jsonl, config.json, flower.log).",
+        epilog="Results go to runs/<experiment>/<strategy>/[<sweep point>/] (metrics.jsonl, config.json, flower.log).\n"
+        "Ctrl-C / SIGTERM stop everything (exit 130 / 143); kill -USR1 PID skips the current run "
+        "(docs/stopping.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run an experiment (default: the embedded default job)")
@@ -61,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first, then execute them one by one with a progress display."""
-    from experiments import runner
+    from experiments import runner, stopping
     from experiments.launch import flwr_run
     from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
@@ -73,17 +82,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
     check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
     federation = _federation(args.supernodes, args.gpus_per_node)
-    with make_progress() as progress:
+    with stopping.Invocation("run") as invocation, make_progress() as progress:
 
         def execute(cfg: RunConfig, path: Path) -> int:
             watcher = RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds)
-            return flwr_run(APP_DIR, path / "run_config.toml", federation, path, poll=watcher)
+            return flwr_run(APP_DIR, path / "run_config.toml", federation, path, poll=stopping.checked(watcher))
 
         results = runner.run_all(experiment, execute)
-    _print_outcomes(results)
-    if not args.no_plot:
-        _plot_and_report(runlog.experiment_dir(experiment.runs[0]))
-    return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
+    return _conclude(results, invocation, runlog.experiment_dir(experiment.runs[0]), plot=not args.no_plot)
 
 
 def _federation(supernodes: int, gpus: float | None) -> Federation:
@@ -97,6 +103,19 @@ def _federation(supernodes: int, gpus: float | None) -> Federation:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return Federation(num_supernodes=supernodes, gpus_per_client=share)
+
+
+def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:
+    """Print each run's outcome; draw the plots and write the report unless stopped; the exit code."""
+    _print_outcomes(results)
+    stop = invocation.stopped_by
+    if stop is not None:
+        print(f"fedsketch: stopped by {stop.cause}; what the runs measured is kept under {exp_dir} "
+              f"(fedsketch plot / report {exp_dir}); a new `fedsketch run` restarts or resumes them")  # fmt: skip
+        return stop.exit_code
+    if plot:
+        _plot_and_report(exp_dir)
+    return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
 
 
 def _print_outcomes(results: list[tuple[RunConfig, str]]) -> None:
@@ -126,11 +145,15 @@ def _plot_and_report(exp_dir: Path) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Draw the plots of one experiment folder."""
+    """Draw the plots of one experiment folder; name the runs that were stopped before their last round."""
     from experiments.plots import plot_experiment
+    from experiments.results import collect_groups
 
     for plot in plot_experiment(args.run_dir):
         print(plot.path)
+    for group in collect_groups(args.run_dir):
+        for note in group.stopped:
+            print(f"note: {group.label}: {note}")
     return 0
 
 
@@ -166,6 +189,11 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dep.add_argument(
         "--auth", action="store_true", help="SuperNode authentication: register each node's key (needs --tls)"
     )
+    dep.add_argument(
+        "--isolation", choices=("launcher", "subprocess"), default="launcher",
+        help="launcher: one warm process forks a ClientApp per message (default); "
+             "subprocess: Flower's default, a fresh ClientApp process per message",
+    )  # fmt: skip
     dep.add_argument("--no-plot", action="store_true", help="do not draw plots at the end")
     dep.add_argument("--kit", type=Path, metavar="DIR", help="write a deployment kit for real devices into DIR")
     dep.add_argument("--server", metavar="HOST", help="with --kit: the server's address as devices reach it")
@@ -174,7 +202,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
-    from experiments import deploy, runner
+    from experiments import deploy, runner, stopping
     from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
     from experiments.recipe import write_kit
@@ -186,7 +214,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
             print(write_kit(args.kit, args.server, args.supernodes, args.port))
             return 0
-        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth)
+        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     settings = deploy.node_settings(args.supernodes)
@@ -196,28 +224,54 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_runs(experiment.runs)
     print("deployment settings: " + " ".join(f"{k}={overrides[k]}" for k in settings) + " (change with --set)")
     exp_dir = runlog.experiment_dir(experiment.runs[0])
-    print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
-    with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
+    with stopping.Invocation("deploy") as invocation:
+        print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
+        with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
 
-        def execute(cfg: RunConfig, path: Path) -> int:
-            watcher = RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds)
-            return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
+            def execute(cfg: RunConfig, path: Path) -> int:
+                watcher = stopping.checked(RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds))
+                try:
+                    return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
+                except stopping.Skipped:
+                    try:
+                        fed.stop_runs()  # the skipped run's ServerApp would go on on the shared SuperLink
+                    except RuntimeError as exc:
+                        print(f"fedsketch: the skipped run may still run on the SuperLink: {exc}")
+                    raise
 
-        results = runner.run_all(experiment, execute)
-    _print_outcomes(results)
-    if not args.no_plot:
-        _plot_and_report(exp_dir)
-    return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
+            results = runner.run_all(experiment, execute)
+    return _conclude(results, invocation, exp_dir, plot=not args.no_plot)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fedsketch`` console script."""
+    """Entry point of the ``fedsketch`` console script.
+
+    Run as the program (``argv`` is ``None``), a command stopped by a signal
+    exits as soon as everything it started is stopped and its outcome printed:
+    tearing down torch's modules at interpreter exit took 2-3 s more on a busy
+    machine here, which a user who pressed Ctrl-C should not wait for.
+    """
+    code = _dispatch(argv)
+    if argv is None and code > 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    from experiments.stopping import Interrupted
+
     args = _parser().parse_args(argv)
     try:
         return {"run": cmd_run, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}[args.command](args)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"fedsketch: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:  # between runs, or while the processes were being stopped: all stopped by now
+        return stop.exit_code
+    except KeyboardInterrupt:  # before anything was started
+        return 130
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ process it started together with everything those spawned, found by a variable
 in their environment (the SuperLink detaches its ``flower-superexec`` into a
 session of its own, out of reach of a process group). The commands are the
 ones :mod:`experiments.recipe` prints for real devices.
+
+Each SuperNode runs under :mod:`clients.launcher` (``isolation = "launcher"``):
+one process that has imported torch and Flower forks a child per message,
+instead of Flower's default of a fresh ``flwr-clientapp`` process per message
+(``isolation = "subprocess"``); ``experiments/bench_device.py`` compares them.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ from experiments.launch import bin_path, flower_env, free_port, stop_env_process
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
 CONNECTION = "fedsketch-deploy"
+ISOLATIONS = ("launcher", "subprocess")
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
 
 
@@ -45,8 +52,11 @@ class Deployment:
     num_supernodes: int = 2
     tls: bool = False
     auth: bool = False
+    isolation: str = "launcher"
 
     def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"unknown isolation {self.isolation!r}; choose one of {', '.join(ISOLATIONS)}")
         if self.num_supernodes < 1:
             raise ValueError(f"a deployment needs at least one SuperNode; got {self.num_supernodes}")
         if self.auth and not self.tls:
@@ -71,14 +81,28 @@ def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, h
 
 
 def supernode_command(
-    superlink: str, port: int, partition_id: int, num_partitions: int, ca_cert: Path | None, key: Path | None
+    superlink: str,
+    port: int,
+    partition_id: int,
+    num_partitions: int,
+    ca_cert: Path | None,
+    key: Path | None,
+    isolation: str = "launcher",
 ) -> list[str]:
-    """``flower-supernode`` for one device; ``port`` is its local ClientApp API (one per node on a host)."""
-    cmd = ["flower-supernode", "--superlink", superlink, "--port", str(port)]
+    """The command for one device; ``port`` is its local Runtime API (one per node on a host).
+
+    With ``isolation = "launcher"``: ``python -m clients.launcher --port PORT --
+    flower-supernode ...`` (the launcher adds ``--isolation process`` and the
+    port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
+    """
+    cmd = ["flower-supernode", "--superlink", superlink]
     cmd += ["--root-certificates", str(ca_cert)] if ca_cert is not None else ["--insecure"]
     if key is not None:
         cmd += ["--auth-supernode-private-key", str(key)]
-    return [*cmd, "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
+    cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
+    if isolation == "launcher":
+        return ["python", "-m", "clients.launcher", "--port", str(port), "--", *cmd]
+    return [*cmd, "--port", str(port)]
 
 
 def connection_toml(address: str, ca_cert: Path | None) -> str:
@@ -95,8 +119,9 @@ class LocalFederation:
     until all are online; leaving stops every process started here.
     """
 
-    def __init__(self, deployment: Deployment, work_dir: Path) -> None:
+    def __init__(self, deployment: Deployment, work_dir: Path, device_bin: Path | None = None) -> None:
         self.deployment = deployment
+        self.device_bin = device_bin  # the devices' environment (its bin/), if not this one
         self.work_dir = work_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -132,9 +157,12 @@ class LocalFederation:
             self.register([partition_id])
             key = self.keys[partition_id].private
         ca = self.certs.ca_cert if self.certs is not None else None
-        cmd = supernode_command(self.address, free_port(), partition_id, n, ca, key)
+        cmd = supernode_command(self.address, free_port(), partition_id, n, ca, key, self.deployment.isolation)
         # Each SuperNode gets its own FLWR_HOME, as it would on its own device.
         env = self._env(self.work_dir / "nodes" / f"node-{partition_id}")
+        if self.device_bin is not None:
+            env["PATH"] = os.pathsep.join([str(self.device_bin), env["PATH"]])
+            cmd = [str(self.device_bin / cmd[0]), *cmd[1:]]
         return self._spawn(f"supernode-{partition_id}", cmd, env)
 
     def register(self, partition_ids: list[int]) -> None:
@@ -238,6 +266,19 @@ class LocalFederation:
             poll()
         return int(proc.returncode or 0)
 
+    def stop_runs(self) -> list[int]:
+        """``flwr stop`` every run on this SuperLink that has not finished; returns their ids.
+
+        Stopping ``flwr run`` only stops the log stream: the run's ServerApp
+        goes on, and would compete with the next run for the SuperNodes.
+        """
+        out = self.flwr("ls", CONNECTION, "--format", "json")
+        runs = json.loads(out[out.find("{") :]).get("runs", [])
+        active = [int(r["run-id"]) for r in runs if not str(r["status"]).startswith("finished")]
+        for run_id in active:
+            self.flwr("stop", str(run_id), CONNECTION)
+        return active
+
     # ---------------------------------------------------------- lifecycle
     def _env(self, flwr_home: Path) -> dict[str, str]:
         return {**flower_env(flwr_home), TAG: str(self.work_dir.resolve())}
@@ -260,7 +301,7 @@ class LocalFederation:
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log(name), "ab") as log:
-            proc = subprocess.Popen([bin_path(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([_program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
         self.procs[name] = proc
         return proc
@@ -277,6 +318,11 @@ class LocalFederation:
                 stop_group(proc, grace_s=0.0)
         self.procs.clear()
         stop_env_processes(TAG, str(self.work_dir.resolve()))  # the detached ones, and any orphans
+
+
+def _program(name: str) -> str:
+    """``python`` is this interpreter (which ``bin_path`` may not find under that name); paths stay as they are."""
+    return sys.executable if name == "python" else bin_path(name)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from experiments.procs import processes_with_env, start_time
+
 CONNECTION = "fedsketch-sim"
 
 
@@ -130,24 +132,6 @@ def stop_pid_group(pid: int, grace_s: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def processes_with_env(key: str, value: str) -> list[int]:
-    """PIDs of this user's processes whose environment has ``key=value``.
-
-    Flower's SuperLink starts its SuperExec (and that the ServerApp and Ray)
-    detached, in sessions of their own, so a process group does not reach
-    them; the private ``FLWR_HOME`` every one of them inherits does.
-    """
-    needle = f"{key}={value}".encode()
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:  # gone, or not ours
-            continue
-    return [pid for pid in pids if pid != os.getpid()]
-
-
 def stop_env_processes(key: str, value: str, grace_s: float = 5.0) -> None:
     """SIGTERM every process carrying ``key=value``, then SIGKILL what is left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -159,17 +143,10 @@ def stop_env_processes(key: str, value: str, grace_s: float = 5.0) -> None:
                 pass
         deadline = time.monotonic() + grace_s
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)]
+            pids = [p for p in pids if start_time(p) is not None]
             time.sleep(0.1)
         if not pids:
             return
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
-    except OSError:
-        return True
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_file: Path) -> None:

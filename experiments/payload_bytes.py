@@ -1,10 +1,12 @@
-"""Upload per client per round for every method: the formula, and what one real payload serializes to.
+"""Bytes per client per round for every method of an experiment, measured on one real round.
 
-Each method encodes the same Gaussian update of the experiment's model size
-with the experiment's settings (the real client encoder), and the payload's
-ArrayRecord is serialized as Flower sends it. The formula column is checked
-against the payload's array bytes, so a formula in the README that drifts from
-the code fails here.
+Each method runs one round of the experiment (its model, data and settings)
+through the real strategy and the real ClientApp in this process
+(:mod:`experiments.inprocess`): what a client uploads in every exchange and
+what it is sent are the serialized records the run would bill, counted by the
+same code. The arrays column is what one client's first upload holds. The
+exact byte count of each layout is checked against its formula in
+``tests/test_methods.py``.
 
     python -m experiments.payload_bytes                                   # experiments/configs/baselines.toml
     python -m experiments.payload_bytes experiments/configs/default.toml
@@ -13,41 +15,38 @@ the code fails here.
 from __future__ import annotations
 
 import argparse
-import math
 import tomllib
 from pathlib import Path
+from typing import cast
 
-import numpy as np
 import torch
+from flwr.serverapp import Grid
 
-from fedsketch.client_side import ClientInput, RoundInfo, encode
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
-from fedsketch.task import client_options, load_data, make_model
-from strategies.records import client_metrics, payload_to_record, wire_bytes
+from fedsketch.methods import ClientJob, Payload, get_method
+from strategies.server_app import build_strategy
 
 
-def formula(cfg: RunConfig, d: int, payload: dict[str, np.ndarray]) -> tuple[str, int]:
-    """The upload's array bytes as a formula in the run's settings, and its value."""
-    scales = math.ceil(d / cfg.quantizer_bucket_size) if cfg.quantizer_bucket_size else 1
-    bits = math.ceil(d / 8)
-    name = cfg.strategy
-    if name in ("fetchsgd", "sketched_sgd"):
-        return "4 rows cols", 4 * cfg.sketch_rows * cfg.sketch_cols
-    if name in ("fedavg", "true_topk"):
-        return "4 d", 4 * d
-    if name in ("local_topk", "gaussiank"):
-        sent = payload["val"].size  # Gaussian-k's threshold lands near k, not on it
-        return "1 + 4 k + min(4 k, d/8)", 1 + 4 * sent + min(4 * sent, bits)
-    if name == "random_k":
-        return "4 k (positions from the round's seed)", 4 * cfg.k
-    if name == "qsgd":
-        level_bits = math.ceil(math.log2(cfg.qsgd_levels + 1))
-        return f"4 d/B + d/8 + {level_bits} d/8", 4 * scales + bits + math.ceil(d * level_bits / 8)
-    if name == "terngrad":
-        return "4 d/B + 2 d/8", 4 * scales + math.ceil(2 * d / 8)
-    if cfg.signsgd_variant == "majority":
-        return "d/8", bits
-    return "4 d/B + d/8", 4 * scales + bits
+def first_upload(cfg: RunConfig, d: int) -> Payload:
+    """What one client uploads first for a Gaussian update of length ``d`` (with the round's requests)."""
+    method = get_method(cfg.strategy)
+    request = method.requests(method.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0, {})
+    update = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    return method.encode(update, ClientJob(0, 1, method.round_config(cfg), {}, request), cfg)[0]
+
+
+def measure(cfg: RunConfig) -> tuple[float, float, Payload]:
+    """One round of ``cfg``: mean upload and download bytes per sampled client, and one client's first upload."""
+    one = RunConfig.from_mapping({"num-rounds": 1, "eval-every": 1, "download": "dense"}, base=cfg)
+    strat = build_strategy(one, None)
+    with task_identity():
+        strat.start(cast(Grid, InProcessGrid(one.to_mapping(), num_nodes=2)))
+    clients = strat.books.totals["clients"]
+    if clients == 0:
+        raise SystemExit(f"{cfg.strategy}: no client contributed to the measured round")
+    upload, download = strat.books.totals["upload"] / clients, strat.books.totals["download"] / cfg.clients_per_round
+    return upload, download, first_upload(one, strat.d)
 
 
 def main() -> None:
@@ -57,29 +56,19 @@ def main() -> None:
     args = parser.parse_args()
     doc = tomllib.loads(Path(args.config).read_text())
     base = RunConfig.from_mapping(doc["run"])
-    d = sum(p.numel() for p in make_model(base, load_data(base)).parameters())
-    update = torch.randn(d, generator=torch.Generator().manual_seed(0))
-    metrics = wire_bytes(client_metrics(64, 0.5, 0.1))
-    print(f"d = {d:,}; B = quantizer-bucket-size; every reply also carries a {metrics}-byte metrics record\n")
-    print("| method | arrays | formula (array bytes) | array bytes | serialized record | vs dense |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
-    dense = wire_bytes(payload_to_record({"update": np.zeros(d, np.float32)}))
-    for name in doc.get("compare", {}).get("strategies", [base.strategy]):
-        cfg = RunConfig.from_mapping({"strategy": name, **doc.get("strategy", {}).get(name, {})}, base=base)
-        info = RoundInfo(1, cfg.seed, cfg.sketch_rows, cfg.sketch_cols)
-        payload, _ = encode(client_options(cfg), update, ClientInput(3, info))
-        text, value = formula(cfg, d, payload)
-        array_bytes = sum(arr.nbytes for arr in payload.values())
-        if value != array_bytes:
-            raise SystemExit(f"{name}: formula gives {value} bytes, the payload has {array_bytes}")
-        record = wire_bytes(payload_to_record(payload))
-        arrays = ", ".join(f"{k} {arr.dtype}[{arr.size}]" for k, arr in payload.items())
-        if name == "sketched_sgd":
-            second = wire_bytes(payload_to_record({"val": np.zeros(cfg.candidate_factor * cfg.k, np.float32)}))
-            text += f" + 4 P k = {4 * cfg.candidate_factor * cfg.k:,} in the second exchange"
-            record += second
-        print(f"| {name} | {arrays} | {text} | {array_bytes:,} | {record:,} | {dense / record:.1f}x |")
+    names = list(doc.get("compare", {}).get("strategies", [base.strategy]))
+    runs = {n: RunConfig.from_mapping({"strategy": n, **doc.get("strategy", {}).get(n, {})}, base=base) for n in names}
+    dense_up, _, _ = measure(RunConfig.from_mapping({"strategy": "fedavg"}, base=base))
+    print("Measured on one round (dense download); every exchange counted, metrics records included.\n")
+    print("| method | first upload's arrays | upload / client / round | download / client / round | vs dense up |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for name, cfg in runs.items():
+        up, down, payload = measure(cfg)
+        arrays = ", ".join(f"{k} {arr.dtype}[{arr.size:,}]" for k, arr in payload.items())
+        second = " (+ a second exchange)" if get_method(name).answer is not None else ""
+        print(f"| {name} | {arrays}{second} | {up:,.0f} | {down:,.0f} | {dense_up / up:.1f}x |")
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(2)
     main()

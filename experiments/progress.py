@@ -2,29 +2,34 @@
 
 Flower's and Ray's logs go to a file; the terminal shows one line per run:
 round, test accuracy and bytes so far (``rich`` draws it: it handles terminal
-width, redraw and non-terminal output, which a hand-written bar would not).
+width and redraw, which a hand-written bar would not). When standard output is
+not a terminal (a log file, a CI log), ``rich`` would print nothing until the
+end; :class:`LineProgress` prints a plain line instead when a run starts, at
+its first evaluated round, every tenth of its rounds (or 30 s, whichever comes
+first) and at its last round, flushed at once.
 """
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Self, TextIO
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from experiments.results import format_bytes
 from fedsketch import runlog
 
 
-def human_bytes(n: float) -> str:
-    """``1536 -> '1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def make_progress() -> Progress:
-    """The progress display used by ``fedsketch run``."""
+def make_progress(stream: TextIO | None = None) -> Progress | LineProgress:
+    """The progress display used by ``fedsketch run`` and ``deploy``: live on a terminal, plain lines otherwise."""
+    stream = stream if stream is not None else sys.stdout
+    if not stream.isatty():
+        return LineProgress(stream)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -34,10 +39,68 @@ def make_progress() -> Progress:
     )
 
 
+@dataclass
+class _Task:
+    label: str
+    total: int
+    started: float
+    shown_round: int = 0
+    shown_at: float = 0.0
+
+
+class LineProgress:
+    """The part of ``rich.progress.Progress`` that :class:`RunWatcher` uses, as plain lines.
+
+    ``fetchsgd seed 0: round 20/200  acc 0.654  up 1.19 MB  down 3.4 MB  elapsed 0:02:05``
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        lines_per_run: int = 10,
+        every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream, self.lines_per_run, self.every_s, self.clock = stream, lines_per_run, every_s, clock
+        self.tasks: list[_Task] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, status: str = "") -> TaskID:
+        """A new run: one line saying it starts."""
+        now = self.clock()
+        self.tasks.append(_Task(description, total, now, shown_at=now))
+        self._print(f"{description}: {status}")
+        return TaskID(len(self.tasks) - 1)
+
+    def update(self, task_id: TaskID, completed: int, status: str = "") -> None:
+        """A line when the run reached a new round and it is time for one (see the module's docstring)."""
+        task, now = self.tasks[task_id], self.clock()
+        step = max(1, -(-task.total // self.lines_per_run))
+        due = (
+            task.shown_round == 0
+            or completed >= task.total
+            or completed - task.shown_round >= step
+            or now - task.shown_at >= self.every_s
+        )
+        if completed > task.shown_round and due:
+            task.shown_round, task.shown_at = completed, now
+            minutes, seconds = divmod(int(now - task.started), 60)
+            elapsed = f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+            self._print(f"{task.label}: round {completed}/{task.total}  {status}  elapsed {elapsed}")
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+
 class RunWatcher:
     """Polls one run's metrics file and updates its progress line."""
 
-    def __init__(self, progress: Progress, label: str, path: Path, num_rounds: int) -> None:
+    def __init__(self, progress: Progress | LineProgress, label: str, path: Path, num_rounds: int) -> None:
         self.progress, self.path = progress, path
         self.task: TaskID = progress.add_task(label, total=num_rounds, status="starting Flower...")
 
@@ -47,7 +110,7 @@ class RunWatcher:
             return
         last = rows[-1]
         status = (
-            f"acc {last['test_accuracy']:.3f}  up {human_bytes(last['cum_upload_bytes'])}"
-            f"  down {human_bytes(last['cum_download_bytes'])}"
+            f"acc {last['test_accuracy']:.3f}  up {format_bytes(last['cum_upload_bytes'])}"
+            f"  down {format_bytes(last['cum_download_bytes'])}"
         )
         self.progress.update(self.task, completed=last["round"], status=status)

@@ -20,6 +20,7 @@ from experiments.pki import ServerCertificates, make_certificates, make_node_key
 DEFAULT_PORT = 8000  # flower-superlink's default
 SUPERNODE_PORT = 9094  # flower-supernode's default local ClientApp API port
 INSTALL_DIR = "/opt/fedsketch"
+PORT_VARIABLE = "FEDSKETCH_RUNTIME_PORT"  # supernode.sh reads its local Runtime API port from it
 
 
 def write_kit(folder: Path, server: str, num_devices: int, port: int = DEFAULT_PORT) -> str:
@@ -57,16 +58,19 @@ def _write_device(folder: Path, certs: ServerCertificates, server: str, port: in
     keys = make_node_keys(folder, f"node-{i}")
     shutil.copy(certs.ca_cert, folder / "ca.crt")
     cmd = supernode_command(f"{server}:{port}", SUPERNODE_PORT, i, n, Path("ca.crt"), Path(keys.private.name))
+    # The local Runtime API port can be changed (two SuperNodes on one host need two).
+    line = shlex.join(cmd).replace(f"--port {SUPERNODE_PORT}", f'--port "${{{PORT_VARIABLE}:-{SUPERNODE_PORT}}}"')
     script = folder / "supernode.sh"
     script.write_text(
         "#!/bin/sh\n"
-        f"# fedsketch SuperNode {i} of {n}. Needs a venv with fedsketch installed (FEDSKETCH_VENV).\n"
+        f"# fedsketch SuperNode {i} of {n}, under the ClientApp launcher (a fork per round; docs/deployment.md).\n"
+        "# Needs a venv with torch, flwr and fedsketch (FEDSKETCH_VENV, default below).\n"
         "# It retries while the link is down. After a crash, Flower 1.41 refuses the node until its old\n"
         "# session times out (up to a minute) and it exits: run it under a supervisor (systemd unit beside).\n"
         'set -eu\ncd "$(dirname "$0")"\n'
         f'export PATH="${{FEDSKETCH_VENV:-{INSTALL_DIR}/venv}}/bin:$PATH"\n'
         'export FLWR_HOME="${FLWR_HOME:-$HOME/.flwr}" FLWR_TELEMETRY_ENABLED=0\n'
-        f"exec {shlex.join(cmd)}\n",
+        f"exec {line}\n",
         encoding="utf-8",
     )
     script.chmod(0o755)
@@ -110,9 +114,8 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    add any other setting (num-rounds, strategy, ...) to it. The app's code travels with each run;
    devices need only its dependencies.
 
-3. Device i (i = 0..{n - 1}): copy devices/node-i/ to {INSTALL_DIR}/node-i, install fedsketch into
-   {INSTALL_DIR}/venv (python3 -m venv {INSTALL_DIR}/venv && {INSTALL_DIR}/venv/bin/pip install PATH/TO/fedsketch),
-   then either run it by hand:
+3. Device i (i = 0..{n - 1}): copy devices/node-i/ to {INSTALL_DIR}/node-i, make {INSTALL_DIR}/venv with a
+   CPU-only torch, flwr and fedsketch (docs/deployment.md, "Setting up a device"), then either run it by hand:
 
    {INSTALL_DIR}/node-i/supernode.sh
 

@@ -9,6 +9,8 @@ against uncompressed training (``fedavg``) run in the same experiment, and the
 bytes spent until a target accuracy was first reached. A group reaches a
 target only when every one of its seeds does, so a lucky seed cannot make a
 method look cheaper. The Markdown uses readable units; the CSV has exact numbers.
+A run stopped before its last round (``docs/stopping.md``) is reported at the
+last round it reached, and both files say so.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.results import Spread, Summary, bytes_to_target, collect_groups, pareto_front, summarize
+from experiments.results import (
+    Spread,
+    Summary,
+    bytes_to_target,
+    collect_groups,
+    format_bytes,
+    pareto_front,
+    summarize,
+)
 
 REFERENCE = "fedavg"
 """The uncompressed method that total compression is measured against."""
@@ -128,12 +138,16 @@ def to_markdown(report: Report) -> str:
     lines = [f"# {report.experiment}", "", *_intro(report), "", "| " + " | ".join(header) + " |"]
     lines.append("|" + "---|" * len(header))
     lines += ["| " + " | ".join(_markdown_cells(row)) + " |" for row in report.rows]
+    stopped = [f"- {row.summary.group.label}: {note}" for row in report.rows for note in row.summary.group.stopped]
+    if stopped:
+        lines += ["", "## Stopped before their last round", ""]
+        lines += ["Their rows above are from the last round they reached.", "", *stopped]
     lines += ["", "## Pareto front: final accuracy vs total upload bytes", ""]
     lines += ["No other run group has at least its accuracy for at most its upload bytes (and is better in one).", ""]
     on_front = {row.summary.group.label: row.summary for row in report.rows if row.on_front}
     for i, label in enumerate(report.front, 1):
         upload, accuracy = on_front[label].upload.mean, on_front[label].accuracy.mean
-        lines.append(f"{i}. {label}: {_bytes(upload)} uploaded, final accuracy {accuracy:.4f}")
+        lines.append(f"{i}. {label}: {format_bytes(upload)} uploaded, final accuracy {accuracy:.4f}")
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +170,7 @@ def to_csv(report: Report) -> str:
     spreads = ["final_accuracy", "upload_bytes", "download_bytes", "upload_compression"]
     header = ["run", "strategy", "sweep_point", "seeds", "rounds"]
     header += [f"{name}_{stat}" for name in spreads for stat in ("mean", "min", "max")]
-    header += [f"total_compression_vs_{report.reference or REFERENCE}", "pareto_front"]
+    header += [f"total_compression_vs_{report.reference or REFERENCE}", "pareto_front", "stopped"]
     for t in report.targets:
         header += [f"{kind}_bytes_to_{t:g}_{stat}" for kind in ("upload", "total") for stat in ("mean", "min", "max")]
         header.append(f"seeds_reaching_{t:g}")
@@ -169,6 +183,7 @@ def to_csv(report: Report) -> str:
         for spread in (s.accuracy, s.upload, s.download, s.upload_compression):
             cells += _csv_spread(spread)
         cells += ["" if row.total_compression is None else row.total_compression, row.on_front]
+        cells.append("; ".join(s.group.stopped))
         for r in row.reaches:
             cells += [*_csv_spread(r.upload), *_csv_spread(r.total), r.seeds_reached]
         writer.writerow(cells)
@@ -182,18 +197,19 @@ def _csv_spread(spread: Spread | None) -> list[object]:
 def _markdown_cells(row: ReportRow) -> list[str]:
     s = row.summary
     cells = [
-        s.group.label + (" *" if row.on_front else ""),
+        s.group.label + (" (stopped early)" if s.group.stopped else "") + (" *" if row.on_front else ""),
         str(len(s.group.seeds)),
         _spread(s.rounds, "{:.0f}".format),
         _spread(s.accuracy, "{:.4f}".format),
-        _spread(s.upload, _bytes),
-        _spread(s.download, _bytes),
+        _spread(s.upload, format_bytes),
+        _spread(s.download, format_bytes),
         _spread(s.upload_compression, "{:.1f}x".format),
         "" if row.total_compression is None else f"{row.total_compression:.1f}x",
     ]
     for r in row.reaches:
         missed = f"not reached ({r.seeds_reached}/{len(s.group.seeds)} seeds)"
-        cells += [_spread(r.upload, _bytes) if r.upload else missed, _spread(r.total, _bytes) if r.total else missed]
+        cells += [_spread(r.upload, format_bytes) if r.upload else missed]
+        cells += [_spread(r.total, format_bytes) if r.total else missed]
     return cells
 
 
@@ -201,11 +217,3 @@ def _spread(spread: Spread, fmt: Callable[[float], str]) -> str:
     if spread.low == spread.high:
         return fmt(spread.mean)
     return f"{fmt(spread.mean)} ({fmt(spread.low)}-{fmt(spread.high)})"
-
-
-def _bytes(n: float) -> str:
-    """Decimal units, three significant digits: ``1.19 MB``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"

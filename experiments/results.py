@@ -35,6 +35,8 @@ class RunGroup:
     point: str
     """The sweep point's folder name (``rows3-cols5000``); ``""`` when the strategy was not swept."""
     seeds: tuple[tuple[Row, ...], ...]
+    stopped: tuple[str, ...] = ()
+    """A note per seed stopped before its last round: ``seed 1 interrupted (SIGINT) after round 3 of 50``."""
 
     @property
     def label(self) -> str:
@@ -84,6 +86,7 @@ def collect_groups(experiment_dir: Path) -> list[RunGroup]:
     if not experiment_dir.is_dir():
         raise FileNotFoundError(f"no experiment folder at {experiment_dir}")
     found: dict[tuple[str, str], list[tuple[Row, ...]]] = {}
+    stopped: dict[tuple[str, str], list[str]] = {}
     for metrics in sorted(experiment_dir.rglob("metrics.jsonl")):
         rows = runlog.read_metrics(metrics.parent)
         if not rows:
@@ -91,13 +94,22 @@ def collect_groups(experiment_dir: Path) -> list[RunGroup]:
         parts = metrics.parent.relative_to(experiment_dir).parts
         if parts and SEED_DIR.fullmatch(parts[-1]):
             parts = parts[:-1]
-        found.setdefault((rows[0]["strategy"], "/".join(parts[1:])), []).append(tuple(rows))
+        key = (rows[0]["strategy"], "/".join(parts[1:]))
+        found.setdefault(key, []).append(tuple(rows))
+        status = runlog.read_status(metrics.parent)
+        if status is not None:
+            stopped.setdefault(key, []).append(f"seed {rows[0]['seed']} {runlog.status_note(status)}")
     if not found:
         raise FileNotFoundError(f"no metrics.jsonl under {experiment_dir}")
+    groups = sorted(found.items(), key=lambda item: (item[0][0], _natural(item[0][1])))
     return [
-        RunGroup(strategy, point, tuple(sorted(seeds, key=lambda rows: int(rows[0]["seed"]))))
-        for (strategy, point), seeds in sorted(found.items(), key=lambda item: (item[0][0], _natural(item[0][1])))
+        RunGroup(strategy, point, tuple(sorted(seeds, key=_seed)), tuple(sorted(stopped.get((strategy, point), []))))
+        for (strategy, point), seeds in groups
     ]
+
+
+def _seed(rows: tuple[dict[str, Any], ...]) -> int:
+    return int(rows[0]["seed"])
 
 
 def _natural(name: str) -> list[int | str]:
@@ -145,3 +157,11 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
         return any(b <= b_i and a >= a_i and (b < b_i or a > a_i) for b, a in points)
 
     return sorted((i for i in range(len(points)) if not dominated(i)), key=lambda i: (points[i][0], -points[i][1]))
+
+
+def format_bytes(n: float, digits: int = 3) -> str:
+    """Decimal units, ``digits`` significant digits: ``1.19 MB``, ``250 kB``, ``2 GB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}g} {unit}"
+    return f"{n:.0f} B"

@@ -9,7 +9,8 @@ experiment at once.
 A run whose ``metrics.jsonl`` already reaches its last round with the same
 config is not redone; an unfinished one is restarted cleanly, unless it
 checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
-then it resumes from there.
+then it resumes from there. A run stopped by a signal is one of those unfinished
+runs (``docs/stopping.md``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments import sweep
+from experiments import stopping, sweep
 from fedsketch import checkpoint, runlog
 from fedsketch.config import ConfigError, RunConfig
 
@@ -153,6 +154,7 @@ def prepare(cfg: RunConfig) -> Path:
     if path.exists() and not is_resumable(cfg):
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
+    runlog.clear_status(path)  # a run resumed after an interruption is no longer interrupted
     lines = [f"{key} = {_toml_value(value)}" for key, value in cfg.to_mapping().items()]
     (path / "run_config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -168,13 +170,26 @@ def is_resumable(cfg: RunConfig) -> bool:
 
 
 def run_all(experiment: Experiment, execute: Callable[[RunConfig, Path], int]) -> list[tuple[RunConfig, str]]:
-    """Execute every unfinished run; returns ``(config, outcome)`` per run."""
-    results = []
-    for cfg in experiment.runs:
+    """Execute every unfinished run; returns ``(config, outcome)`` per run.
+
+    A run stopped on request (:mod:`experiments.stopping`) is marked as such in
+    its folder; when the whole command was interrupted, the later runs are
+    listed as not started.
+    """
+    results: list[tuple[RunConfig, str]] = []
+    for i, cfg in enumerate(experiment.runs):
         if is_finished(cfg):
             results.append((cfg, "already finished"))
             continue
-        code = execute(cfg, prepare(cfg))
+        path = prepare(cfg)
+        stopping.note_run(path, cfg.num_rounds)
+        try:
+            code = execute(cfg, path)
+        except stopping.Stop as stop:
+            results.append((cfg, stopping.record(path, cfg.num_rounds, stop)))
+            if isinstance(stop, stopping.Interrupted):
+                return results + [(later, "not started") for later in experiment.runs[i + 1 :]]
+            continue
         results.append((cfg, "finished" if is_finished(cfg) else f"failed (exit code {code})"))
     return results
 

@@ -10,7 +10,8 @@ against upload by varying the sketch size and k::
     k = [500, 1000]
 
 Each strategy runs once per point of the cartesian product of the keys that
-apply to it (:data:`SWEEP_KEYS`), and once, unswept, if none does: above,
+apply to it (each method's record says which of its settings change what it
+uploads: :attr:`fedsketch.methods.Method.sweep`), and once, unswept, if none does: above,
 FetchSGD runs 2 x 3 x 2 = 12 points, true top-k 2 (``k`` only), FedAvg one.
 A point's folder is named after its values (``fetchsgd/rows3-cols5000-k1000``)
 and holds its seeds as an unswept run does. A swept value replaces the one in
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsketch.config import ConfigError
+from fedsketch.methods import METHODS
 
 
 @dataclass(frozen=True)
@@ -39,16 +41,19 @@ class SweepKey:
     """The strategies that use the setting; the others run once, unswept."""
 
 
-SKETCHED = ("fetchsgd", "sketched_sgd")
-USES_K = ("fetchsgd", "sketched_sgd", "true_topk", "local_topk", "random_k", "gaussiank")
+def sweep_keys() -> dict[str, SweepKey]:
+    """Every sweepable setting, from the methods' records (a key has one short name across methods)."""
+    keys: dict[str, SweepKey] = {}
+    for method in METHODS:
+        for key, short in method.sweep.items():
+            known = keys.get(key, SweepKey(short, ()))
+            if known.short != short:
+                raise ValueError(f"sweep key {key!r} is named {known.short!r} and {short!r} by different methods")
+            keys[key] = SweepKey(short, (*known.strategies, method.name))
+    return keys
 
-SWEEP_KEYS: dict[str, SweepKey] = {
-    "sketch-rows": SweepKey("rows", SKETCHED),
-    "sketch-cols": SweepKey("cols", SKETCHED),
-    "k": SweepKey("k", USES_K),
-    "candidate-factor": SweepKey("cf", ("sketched_sgd",)),
-    "qsgd-levels": SweepKey("levels", ("qsgd",)),
-}
+
+SWEEP_KEYS = sweep_keys()
 
 Sweep = dict[str, tuple[Any, ...]]
 """Swept key -> its values, in the order the file lists them."""

@@ -2,48 +2,14 @@
 
 Count Sketch (Charikar, Chen and Farach-Colton, ICALP 2002), as used by
 FetchSGD (Rothchild et al., ICML 2020) and Sketched-SGD (Ivkin et al., NeurIPS
-2019), needs per row ``r`` a bucket hash ``h_r`` and a sign hash ``s_r``, each
-pairwise independent, the signs independent of the buckets, and the rows
-independent of each other.
-
-The family: two-level tabulation
---------------------------------
-Coordinate ``i`` is split as ``i = hi * C + lo`` with chunk size
-``C = min(2**15, cols)``. Row ``r`` maps it to::
-
-    h_r(i) = (T_r(hi) + pos(lo)) mod cols        s_r(i) = u_r(hi) * t(lo)
-
-* ``pos`` is a random permutation of ``[0, C)`` and ``t`` a table of ``C``
-  random signs, both shared by the rows: memory ``O(C)``, whatever d is.
-* ``T_r(hi) = g_r(hi) mod cols`` and ``u_r(hi) = (-1) ** g'_r(hi)``, with
-  ``g_r, g'_r`` cubic polynomials mod ``p = 2**31 - 1`` drawn per row (4-wise
-  independent, Wegman and Carter 1981), evaluated on the fly for the chunks
-  at hand.
-
-Why it is sound. Fix ``pos`` and ``t``; all that remains random is per row.
-Two coordinates in one chunk never collide (``pos`` is injective and
-``C <= cols``); in different chunks they collide with probability ``1/cols``
-(the offsets are independent and uniform up to a bias below ``cols / p``), as
-under a fully random hash. The chunk signs ``u_r`` are unbiased, pairwise
-independent and independent of the offsets, so for ``i != j`` in different
-chunks ``E[s_r(i) s_r(j) | collide] = 0``. Hence each row's estimate is
-unbiased with variance at most ``||x||^2 / cols``, and the rows are
-independent: Charikar et al.'s bound for the median of the rows holds for
-every ``pos`` and ``t``, hence unconditionally. ``t`` does not enter that
-bound; it makes errors within a row incoherent across neighbouring
-coordinates. The signs are not 4-wise independent (their product form is
-simple tabulation), which only affects the variance of the L2 estimate.
-
-Why this shape. A chunk's ``C`` coordinates land, in every row, in ``C``
-distinct buckets forming one contiguous wrapping window ``[T_r, T_r + C)``,
-in the same order ``pos`` in every row. Sketching a chunk is one gather by a
-fixed permutation and one contiguous signed add per row; estimating it is one
-signed contiguous slice per row, a median in window order, and one gather
-back. No scatter with an index per coordinate, no hash tensor of length d.
-
-Every parameter is a pure function of ``(seed, d, rows, cols)``, drawn with
-SplitMix64 (Steele, Lea and Flood, OOPSLA 2014) in exact integer arithmetic
-on the CPU, so every process and device derives identical hashes.
+2019). The family is two-level tabulation: coordinate ``i = hi * C + lo`` goes,
+in row ``r``, to bucket ``(T_r(hi) + pos(lo)) mod cols`` with sign
+``u_r(hi) * t(lo)``, where ``pos`` and ``t`` are a shared permutation and sign
+table of one chunk (``C = min(2**15, cols)``) and ``T_r``, ``u_r`` come from
+4-wise independent cubic polynomials mod ``2**31 - 1`` (Wegman and Carter
+1981). Every parameter is a pure function of ``(seed, d, rows, cols)``, drawn
+with SplitMix64. Why this keeps Count Sketch's guarantees, and why this shape
+is fast: docs/sketch.md.
 """
 
 from __future__ import annotations
@@ -231,11 +197,19 @@ def accumulate_dense(table: torch.Tensor, vec: torch.Tensor, hashes: TabulationH
         table.view(-1).index_add_(0, flat, values.view(-1).to(table.dtype))
 
 
+def _chunk_hashes(hashes: TabulationHash) -> Iterator[tuple[int, list[int], list[float]]]:
+    """Per chunk, in order: its index and, per row, its window's start and sign (hashed HASH_SPAN chunks at a time)."""
+    for h0 in range(0, hashes.n_chunks, HASH_SPAN):
+        h1 = min(hashes.n_chunks, h0 + HASH_SPAN)
+        offsets, signs = hashes.block_hash(h0, h1)
+        yield from zip(range(h0, h1), offsets.T.tolist(), signs.T.tolist(), strict=True)
+
+
 def _accumulate_windows(table: torch.Tensor, vec: torch.Tensor, hashes: TabulationHash) -> None:
     """Per chunk: one gather by the shared permutation ``inv``, then one contiguous add per row.
 
-    Written with numpy: on 2**15-element arrays its ops cost a third to a half
-    of torch's, and never hand work to other threads. A float16/bfloat16 table
+    Written with numpy, which never hands work to other threads (measured in
+    docs/sketch.md). A float16/bfloat16 table
     is accumulated in float32 and rounded once; when windows wrap often (``C``
     near ``cols``) they go into a ``rows x (cols + C)`` buffer folded at the end.
     """
@@ -246,21 +220,16 @@ def _accumulate_windows(table: torch.Tensor, vec: torch.Tensor, hashes: Tabulati
     target = table.numpy() if direct else np.zeros((hashes.rows, cols + C if wide else cols), buffer_dtype)
     inv, inv_sign = hashes.inv.numpy(), hashes.inv_sign.numpy().astype(target.dtype)
     window = np.empty(C, target.dtype)
-    for h0 in range(0, hashes.n_chunks, HASH_SPAN):
-        h1 = min(hashes.n_chunks, h0 + HASH_SPAN)
-        offset_tensor, sign_tensor = hashes.block_hash(h0, h1)
-        starts: list[list[int]] = offset_tensor.T.tolist()
-        signs: list[list[float]] = sign_tensor.T.tolist()
-        for j in range(h1 - h0):
-            np.multiply(chunk_of(vec, (h0 + j) * C, C).to(work).numpy()[inv], inv_sign, out=window)
-            for r, (start, sign) in enumerate(zip(starts[j], signs[j], strict=True)):
-                add = np.add if sign > 0 else np.subtract
-                m = C if wide else min(C, cols - start)
-                segment = target[r, start : start + m]
-                add(segment, window if m == C else window[:m], out=segment)
-                if m < C:  # the window wraps around the end of the row
-                    segment = target[r, : C - m]
-                    add(segment, window[m:], out=segment)
+    for chunk, starts, signs in _chunk_hashes(hashes):
+        np.multiply(chunk_of(vec, chunk * C, C).to(work).numpy()[inv], inv_sign, out=window)
+        for r, (start, sign) in enumerate(zip(starts, signs, strict=True)):
+            add = np.add if sign > 0 else np.subtract
+            m = C if wide else min(C, cols - start)
+            segment = target[r, start : start + m]
+            add(segment, window if m == C else window[:m], out=segment)
+            if m < C:  # the window wraps around the end of the row
+                segment = target[r, : C - m]
+                add(segment, window[m:], out=segment)
     if not direct:
         folded = torch.from_numpy(target)
         table += folded[:, :cols]
@@ -347,12 +316,7 @@ def _window_medians(table: torch.Tensor, hashes: TabulationHash) -> Iterator[tup
     ext = np.concatenate([work, work[:, :C]], axis=1)  # wrapped windows become plain slices
     plus = hashes.inv_sign.numpy().astype(work.dtype)
     signed, values = {1.0: plus, -1.0: -plus}, np.empty((hashes.rows, C), work.dtype)
-    for h0 in range(0, hashes.n_chunks, HASH_SPAN):
-        h1 = min(hashes.n_chunks, h0 + HASH_SPAN)
-        offset_tensor, sign_tensor = hashes.block_hash(h0, h1)
-        starts: list[list[int]] = offset_tensor.T.tolist()
-        signs: list[list[float]] = sign_tensor.T.tolist()
-        for j in range(h1 - h0):
-            for r, (start, sign) in enumerate(zip(starts[j], signs[j], strict=True)):
-                np.multiply(ext[r, start : start + C], signed[sign], out=values[r])
-            yield (h0 + j) * C, _median_np(values)
+    for chunk, starts, signs in _chunk_hashes(hashes):
+        for r, (start, sign) in enumerate(zip(starts, signs, strict=True)):
+            np.multiply(ext[r, start : start + C], signed[sign], out=values[r])
+        yield chunk * C, _median_np(values)

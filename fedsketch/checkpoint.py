@@ -35,12 +35,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fedsketch.books import Books
 from fedsketch.config import RunConfig
+from fedsketch.download import DownloadLedger
 
 FILE = "checkpoint.pt"
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
-VERSION = 1
+VERSION = 2  # 2: the books are one dataclass (fedsketch.books)
 RUNTIME_KEYS = ("out-dir", "checkpoint-every", "round-timeout", "reply-poll-s", "min-nodes", "device", "client-state")
 """Settings that change where or how a run executes, not what it computes: a resume may change them."""
 
@@ -56,7 +58,7 @@ class Checkpoint:
     round: int
     weights: torch.Tensor
     state: Any  # the method's state as plain containers of tensors (see :func:`state_to_tree`)
-    books: dict[str, Any]  # the strategy's counters and small bookkeeping, plain values
+    books: dict[str, Any]  # the run's books (:class:`fedsketch.books.Books`) as plain values
     noise: torch.Tensor  # the DP noise generator's state
     rng: dict[str, Any]  # the global generators (see :func:`capture_rng`)
     logs: dict[str, int]  # byte size of each of LOGS when the checkpoint was taken
@@ -190,6 +192,34 @@ def state_from_tree(template: object, tree: object, where: str = "state") -> obj
     if type(tree) is not type(template):
         raise CheckpointError(f"checkpoint {where} is {type(tree).__name__}; this run's is {type(template).__name__}")
     return tree
+
+
+def books_to_tree(books: Books) -> dict[str, Any]:
+    """The books as plain values (the ledger as a dict of its tensor and map)."""
+    tree = {f.name: getattr(books, f.name) for f in dataclasses.fields(books)}
+    ledger = books.ledger
+    return {**tree, "ledger": {"changed_at": ledger.changed_at.detach().cpu().clone(), "synced": dict(ledger.synced)}}
+
+
+def books_from_tree(template: Books, tree: object) -> Books:
+    """Books from a saved tree, checked against this run's (fields, counters, the ledger's size).
+
+    Raises
+    ------
+    CheckpointError
+        If the saved books have other fields or counters, or a ledger of another size.
+    """
+    names = sorted(f.name for f in dataclasses.fields(template))
+    if not isinstance(tree, dict) or sorted(tree) != names:
+        raise CheckpointError(f"checkpoint books have fields {_keys(tree)}; expected {names}")
+    if sorted(tree["totals"]) != sorted(template.totals) or sorted(tree["since_row"]) != sorted(template.since_row):
+        raise CheckpointError(f"checkpoint counters are {sorted(tree['totals'])}; expected {sorted(template.totals)}")
+    ledger = tree["ledger"]
+    if not isinstance(ledger, dict) or sorted(ledger) != ["changed_at", "synced"]:
+        raise CheckpointError(f"checkpoint download ledger has fields {_keys(ledger)}")
+    changed_at = state_from_tree(template.ledger.changed_at, ledger["changed_at"], "books.ledger.changed_at")
+    values = {**tree, "ledger": DownloadLedger(cast(torch.Tensor, changed_at), dict(ledger["synced"]))}
+    return Books(**values)
 
 
 def _keys(tree: object) -> list[str] | str:

@@ -1,4 +1,14 @@
-"""Client state on disk: one file per logical client, for runs whose state outgrows memory.
+"""What a logical client keeps between rounds: committed and pending state, in memory or on disk.
+
+A client's memory may change only by what the server applied. A client keeps
+what the server has accepted (its committed state) and, beside it, the state
+its last upload would lead to (pending, tagged with that round). Its next
+request says the last round in which the server applied its upload
+(:func:`settle`): if that is the pending round the pending state becomes the
+committed one, otherwise it is dropped, as if that round had never sampled it
+(a rejected, late or lost reply, a skipped or rolled-back round).
+
+Client state on disk: one file per logical client, for runs whose state outgrows memory.
 
 Local top-k (and the other client-side error-feedback baselines) keep d floats
 per client that has taken part; at 10,000 clients that is far more than a
@@ -24,6 +34,45 @@ from fedsketch.config import RunConfig
 from fedsketch.runlog import run_dir
 
 State = dict[str, torch.Tensor]
+
+PENDING = "pending."
+PENDING_ROUND = "pending-round"
+
+
+def committed(stored: State) -> State:
+    """The state the server has accepted."""
+    return {k: v for k, v in stored.items() if not k.startswith(PENDING) and k != PENDING_ROUND}
+
+
+def pending_round(stored: State) -> int | None:
+    """The round of the upload whose state is pending, if any."""
+    return int(stored[PENDING_ROUND][0]) if PENDING_ROUND in stored else None
+
+
+def pending(stored: State, server_round: int) -> State:
+    """The state the client's upload of ``server_round`` led to (a second exchange reads it).
+
+    Raises
+    ------
+    ValueError
+        If the client has no upload of that round pending (it did not take part in its first exchange here).
+    """
+    if pending_round(stored) != server_round:
+        raise ValueError(f"this client has no state pending from round {server_round}")
+    return {k[len(PENDING) :]: v for k, v in stored.items() if k.startswith(PENDING)}
+
+
+def settle(stored: State, applied: int | None) -> State:
+    """The committed state once the server says ``applied``: the last round it applied this client's upload."""
+    if applied is not None and pending_round(stored) == applied:
+        return pending(stored, applied)
+    return committed(stored)
+
+
+def with_pending(base: State, new: State, server_round: int) -> State:
+    """What to store: the committed ``base`` and, pending from ``server_round``, ``new``."""
+    tagged = {PENDING + k: v for k, v in new.items()}
+    return {**base, **tagged, PENDING_ROUND: torch.tensor([float(server_round)])}
 
 
 def state_root(cfg: RunConfig) -> Path:

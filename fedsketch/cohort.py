@@ -17,21 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsketch import wire
 from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
-from fedsketch.client_side import (
-    ClientInput,
-    ClientOptions,
-    Payload,
-    RoundInfo,
-    State,
-    answer_query,
-    diagnostic_payload,
-    encode,
-)
 from fedsketch.config import RunConfig
 from fedsketch.data.spec import FederatedData
 from fedsketch.local import LocalResult, client_generator, local_update, require_examples, sample_batch
-from fedsketch.task import client_options, load_data, local_spec, make_model
+from fedsketch.methods import ClientJob, Payload, State, get_method
+from fedsketch.task import load_data, local_spec, make_model
 
 EXAMPLES = "num-examples"
 """A stateful client also remembers its last example count, which a second phase repeats."""
@@ -72,55 +64,45 @@ class _Local:
     error: str | None = None
 
 
-def run_cohort(
-    cfg: RunConfig,
-    weights: np.ndarray,
-    cids: list[int],
-    info: RoundInfo,
-    states: dict[int, State] | None = None,
-    requests: dict[int, Payload] | None = None,
-) -> list[ClientOutcome]:
-    """Compute every listed client's payload from the global ``weights``.
-
-    ``states`` holds what stateful clients kept from their last round and
-    ``requests`` the arrays the server sent to one client alone; a client
-    missing from either gets ``{}``.
-    """
-    states, requests = states or {}, requests or {}
+def run_cohort(cfg: RunConfig, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientOutcome]:
+    """Compute every listed client's payload from the global ``weights``, in the jobs' order."""
     model = _scratch_model(cfg)
     w = torch.as_tensor(weights, dtype=torch.float32).to(next(model.parameters()).device)
-    opts = client_options(cfg)
-    outcomes = []
+    outcomes: list[ClientOutcome] = []
     # A chunk's updates are all held until encoded: one client at a time, or client-batching at a time.
     step = max(cfg.client_batching, 1)
-    for chunk in (cids[i : i + step] for i in range(0, len(cids), step)):
+    for chunk in (jobs[i : i + step] for i in range(0, len(jobs), step)):
+        cids = [job.cid for job in chunk]
         if cfg.client_batching:
-            local = _vectorized_results(cfg, w, chunk, info.server_round)
+            local = _vectorized_results(cfg, w, cids, chunk[0].server_round)
         else:
-            local = {cid: _one_result(cfg, model, w, cid, info.server_round) for cid in chunk}
-        for cid in chunk:
-            job = ClientInput(cid, info, states.get(cid, {}), requests.get(cid, {}))
-            outcomes.append(_finish(cfg, opts, job, local[cid]))
+            local = {job.cid: _one_result(cfg, model, w, job.cid, job.server_round) for job in chunk}
+        outcomes.extend(_finish(cfg, job, local[job.cid]) for job in chunk)
     return outcomes
 
 
-def _finish(cfg: RunConfig, opts: ClientOptions, job: ClientInput, local: _Local) -> ClientOutcome:
+def _finish(cfg: RunConfig, job: ClientJob, local: _Local) -> ClientOutcome:
     """Encode one client's update into its payload (and state); a failure is this client's alone."""
     start = time.perf_counter()
     result = local.result
     if result is None:
         return ClientOutcome(job.cid, None, error=local.error)
     try:
-        payload, state = encode(opts, result.update, job)
+        payload, state = get_method(cfg.strategy).encode(result.update, job, cfg)
     except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
         return ClientOutcome(job.cid, None, error=f"{type(exc).__name__}: {exc}")
     elapsed = local.seconds + time.perf_counter() - start
     if state:
         state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
-    diagnostic = diagnostic_payload(result.update) if cfg.diagnose_sketch else None
+    diagnostic = _dense_copy(result.update) if cfg.diagnose_sketch else None
     return ClientOutcome(
         job.cid, payload, result.num_examples, result.loss, elapsed, state=state or None, diagnostic=diagnostic
     )
+
+
+def _dense_copy(update: torch.Tensor) -> Payload:
+    """The dense update itself, for ``diagnose-sketch``: the server's exact reference (a copy nothing can change)."""
+    return {wire.DIAGNOSTIC_UPDATE: update.detach().to("cpu", torch.float32).numpy().copy()}
 
 
 def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, server_round: int) -> _Local:
@@ -174,17 +156,22 @@ def _sample_batches(
     return batches, failed
 
 
-def answer_queries(cids: list[int], states: dict[int, State], query: Payload) -> list[ClientOutcome]:
-    """A second phase: each client answers ``query`` from its kept state (Sketched-SGD's exact values)."""
+def answer_queries(cfg: RunConfig, jobs: list[ClientJob], query: Payload) -> list[ClientOutcome]:
+    """A second exchange: each client answers ``query`` from its kept state (Sketched-SGD's exact values)."""
+    answer = get_method(cfg.strategy).answer
     outcomes = []
-    for cid in cids:
+    for job in jobs:
         start = time.perf_counter()
-        state = states.get(cid, {})
         try:
-            payload = answer_query(state, query)
+            if answer is None:
+                raise ValueError(f"strategy {cfg.strategy} has no second exchange")
+            payload, state = answer(job.state, query, cfg)
         except Exception as exc:  # noqa: BLE001 -- as above: this client only
-            outcomes.append(ClientOutcome(cid, None, error=f"{type(exc).__name__}: {exc}"))
+            outcomes.append(ClientOutcome(job.cid, None, error=f"{type(exc).__name__}: {exc}"))
             continue
-        examples = int(state[EXAMPLES][0]) if EXAMPLES in state else 1
-        outcomes.append(ClientOutcome(cid, payload, examples, float("nan"), time.perf_counter() - start))
+        examples = int(job.state[EXAMPLES][0]) if EXAMPLES in job.state else 1
+        if state is not None:
+            state = {**state, EXAMPLES: job.state[EXAMPLES]} if EXAMPLES in job.state else state
+        elapsed = time.perf_counter() - start
+        outcomes.append(ClientOutcome(job.cid, payload, examples, float("nan"), elapsed, state=state))
     return outcomes

@@ -85,6 +85,12 @@ def apply_catch_up(weights: np.ndarray, payload: Payload) -> np.ndarray:
     return out
 
 
+def forget(ledger: DownloadLedger, cids: list[int]) -> None:
+    """These clients may not hold what they were sent (they failed): their next download is dense."""
+    for cid in cids:
+        ledger.synced.pop(int(cid), None)
+
+
 def mark_synced(ledger: DownloadLedger, cids: list[int], server_round: int) -> None:
     """Clients whose replies were accepted in ``server_round`` now hold that round's model."""
     for cid in cids:

@@ -49,7 +49,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models import resnet18
 
 MODELS = ("mlp", "cnn", "resnet9", "resnet18")
 NORMS = ("batch", "group", "layer", "none")
@@ -203,6 +202,10 @@ class ResNet9(nn.Module):
 
 
 def _resnet18(in_channels: int, num_classes: int, norm: str) -> nn.Module:
+    # Imported here: only resnet18 needs torchvision, and a device's ClientApp
+    # (docs/deployment.md) should not load it for the other models.
+    from torchvision.models import resnet18
+
     model = resnet18(weights=None, num_classes=num_classes, norm_layer=_norm_factory(norm))
     # The CIFAR stem: a 7x7 stride-2 convolution and a max pooling would leave an
     # 8x8 map after the stem; a 3x3 stride-1 convolution keeps 32x32.

@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
 
 ORDERS: tuple[int, ...] = (*range(2, 65), 80, 96, 128, 160, 192, 256, 384, 512)
 
@@ -87,3 +91,15 @@ def _log_binom(n: int, k: int) -> float:
 def _logsumexp(values: list[float]) -> float:
     top = max(values)
     return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def privacy_metrics(cfg: RunConfig, rounds: int) -> dict[str, float]:
+    """The privacy budget spent after ``rounds`` noisy rounds, for a metrics row; empty when DP is off."""
+    if cfg.dp_noise_multiplier <= 0:
+        return {}
+    q = cfg.clients_per_round / cfg.num_clients
+    eps, order = epsilon(q, cfg.dp_noise_multiplier, rounds, cfg.dp_delta)
+    return {
+        "dp_epsilon": eps, "dp_delta": cfg.dp_delta, "dp_noise_multiplier": cfg.dp_noise_multiplier,
+        "dp_sampling_rate": q, "dp_rounds": rounds, "dp_order": order,
+    }  # fmt: skip

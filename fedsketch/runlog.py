@@ -3,7 +3,9 @@
 One JSON object per evaluated round, appended and flushed as the run goes, so
 an interrupted run keeps every round it finished. ``rounds.jsonl`` has one
 line per round on who answered, who failed (timeouts, client errors, rejected
-replies) and whether the round's update was applied.
+replies) and whether the round's update was applied. ``status.json`` marks a
+run that was stopped before its last round (interrupted, or skipped on
+request; see ``docs/stopping.md``); a finished run has none.
 
 A sweep point of an experiment runs with ``experiment = "NAME/POINT"`` (e.g.
 ``"default/rows3-cols5000"``, see ``experiments/sweep.py``): the ServerApp
@@ -16,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from fedsketch.books import Books
 from fedsketch.config import RunConfig
 
 ROUNDS = "rounds.jsonl"
+STATUS = "status.json"
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
@@ -63,6 +68,36 @@ def append_metrics(path: Path, row: dict[str, Any], name: str = "metrics.jsonl")
         os.fsync(f.fileno())
 
 
+ROW_COUNTS = (
+    "clients", "failures", "timeouts", "client_errors", "rejected", "skipped_rounds", "clipped", "sparse_downloads",
+)  # fmt: skip
+"""Counts a metrics row reports since the previous row."""
+
+
+def metrics_row(
+    cfg: RunConfig, server_round: int, accuracy: float, loss: float, books: Books, wall_s: float
+) -> dict[str, Any]:
+    """One evaluated round's row: accuracy, bytes and counts since the previous row (which it starts anew).
+
+    Bytes since the previous row add up to the cumulative ones. ``download_bytes`` is what each client
+    is billed (a message to it alone); ``download_sent_bytes`` what the round's messages serialized
+    (in simulation one message carries a node's cohort). ``diagnostic_bytes``
+    (``diagnose-sketch``) are what clients handed over for the diagnostic only, never upload.
+    """
+    since, total = books.take_row(), books.totals
+    row: dict[str, Any] = {
+        "round": server_round, "strategy": cfg.strategy, "seed": cfg.seed,
+        "test_accuracy": accuracy, "test_loss": loss, "train_loss": books.last_loss,
+        "upload_bytes": since["upload"], "download_bytes": since["download"], "dense_upload_bytes": since["dense"],
+        "cum_upload_bytes": total["upload"], "cum_download_bytes": total["download"],
+        "cum_dense_upload_bytes": total["dense"], **{key: since[key] for key in ROW_COUNTS},
+        "download_sent_bytes": since["download_sent"], "cum_download_sent_bytes": total["download_sent"],
+    }  # fmt: skip
+    if cfg.diagnose_sketch:
+        row.update(diagnostic_bytes=since["diagnostic"], cum_diagnostic_bytes=total["diagnostic"])
+    return {**row, "wall_s": round(wall_s, 3), "unix_time": round(time.time(), 3)}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Every row of ``metrics.jsonl`` (empty when the run has none yet)."""
     file = path / "metrics.jsonl"
@@ -70,6 +105,36 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         return []
     with open(file, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def write_status(path: Path, state: str, cause: str, num_rounds: int) -> dict[str, Any]:
+    """Mark the run in ``path`` as stopped early (``state``: ``interrupted`` or ``skipped``) and by what.
+
+    The last round its metrics reached is recorded beside the planned ``num_rounds``.
+    """
+    rows = read_metrics(path)
+    status = {"state": state, "cause": cause, "round": rows[-1]["round"] if rows else 0, "num-rounds": num_rounds,
+              "unix-time": time.time()}  # fmt: skip
+    _atomic_write(path / STATUS, json.dumps(status, indent=2, sort_keys=True) + "\n")
+    return status
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    """The run's ``status.json``; ``None`` when it has none (finished, or still running)."""
+    try:
+        return dict(json.loads((path / STATUS).read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+
+
+def clear_status(path: Path) -> None:
+    """Forget that the run was stopped (it is about to run again)."""
+    (path / STATUS).unlink(missing_ok=True)
+
+
+def status_note(status: dict[str, Any]) -> str:
+    """``interrupted (SIGINT) after round 12 of 50``."""
+    return f"{status['state']} ({status['cause']}) after round {status['round']} of {status['num-rounds']}"
 
 
 def _atomic_write(file: Path, text: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+SCHEDULES = ("constant", "linear", "cosine")
+
 
 def lr_at(schedule: str, base_lr: float, server_round: int, num_rounds: int) -> float:
     """The learning rate of round ``server_round`` (1-based) out of ``num_rounds``.

@@ -9,11 +9,11 @@ and error in sketch space, and recovers the heavy coordinates with
 :meth:`CountSketch.topk` (FetchSGD's unsketch) or
 :meth:`CountSketch.heavy_hitters` (Sketched-SGD's HEAVYMIX test).
 
-The hash functions are a pure function of ``(seed, d, rows, cols)`` (see
-:mod:`fedsketch._hashing` for the family and why it is sound): every party
-derives them from the seed in the round's config, and none travel on the wire.
-They are evaluated chunk by chunk, so memory is ``O(rows * (cols + 2**15))``
-whatever d is.
+The hash functions are a pure function of ``(seed, d, rows, cols)``
+(:mod:`fedsketch._hashing`): every party derives them from the seed in the
+round's config, and none travel on the wire. They are evaluated chunk by chunk,
+so memory is ``O(rows * (cols + 2**15))`` whatever d is. Why the family is
+sound, and measured speed: docs/sketch.md.
 """
 
 from __future__ import annotations

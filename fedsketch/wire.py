@@ -5,13 +5,16 @@ simulation one Flower node runs a *cohort* of logical clients per call (so
 Flower's per-call overhead is paid once per cohort, not once per client); each
 logical client still gets its own reply entries, bytes and failure:
 
-request  ``model``            ArrayRecord  {"w": float32[d]}
+request  ``model``            ArrayRecord  {"w": float32[d]}, or instead ``catch-up``
+                                           (a sparse payload, ``download = "sparse"`` with
+                                           one client per node: see fedsketch/download.py)
          ``config``           ConfigRecord {"server-round", "cids", ...}
          ``request.<cid>``    ArrayRecord  arrays for one client only (optional,
                                            e.g. Sketched-SGD's pending support)
 reply    ``update.<cid>``     ArrayRecord  the client's payload (method-specific)
          ``metrics.<cid>``    MetricRecord {"num-examples", "loss", "compute-s"}, plus
-                                           the round's ``ECHO_KEYS`` it was sent
+                                           the method's round settings it was sent
+                                           (e.g. the sketch's seed and shape)
          ``failure.<cid>``    ConfigRecord {"reason"} instead of the two above
          ``diagnostic.<cid>`` ArrayRecord  {"update": float32[d]}, only with
                                            ``diagnose-sketch`` (simulation): the dense
@@ -25,24 +28,24 @@ rounds (error feedback) keeps it in its node's ``Context.state`` under
 ``state.<cid>``, an ArrayRecord of float32 vectors.
 
 A payload is a ``dict[str, numpy.ndarray]`` of plain arrays. Nothing here knows
-Flower: strategies and ClientApps turn these names into records.
+Flower: :mod:`clients.messages` turns these names into records for both sides.
 """
 
 from __future__ import annotations
 
 MODEL_KEY = "model"
+CATCH_UP_KEY = "catch-up"  # instead of the model: the coordinates changed since BASE_ROUND (a device that kept it)
+BASE_ROUND = "base-round"
+MODEL_CRC = "model-crc"  # echoed by a device that caught up: the CRC-32 of the model it trained on
 WEIGHTS = "w"
 CONFIG_KEY = "config"
 
 ROUND = "server-round"
 CIDS = "cids"
+SETTLED = "settled"  # per listed client: the last round its upload was applied (-1: none), for clients with state
 LR = "lr"
 PHASE = "phase"
 QUERY_KEY = "query"
-
-ECHO_KEYS = ("sketch-seed", "sketch-rows", "sketch-cols")
-"""Round settings a client repeats in its metrics, so the server can refuse a
-table built with other hash functions (a stale or misconfigured client)."""
 
 NUM_EXAMPLES = "num-examples"
 LOSS = "loss"
@@ -81,6 +84,12 @@ def diagnostic_key(cid: int) -> str:
 def request_key(cid: int) -> str:
     """Record key of the arrays a request carries for logical client ``cid`` alone."""
     return f"{_REQUEST}{cid}"
+
+
+def request_cid(key: str) -> int | None:
+    """``"request.17" -> 17``; ``None`` for any other key."""
+    tail = key[len(_REQUEST) :] if key.startswith(_REQUEST) else ""
+    return int(tail) if tail.isdigit() else None
 
 
 def state_key(cid: int) -> str:

@@ -1,10 +1,10 @@
 """What one client can do to the model: clipping, and client-level DP on the sum.
 
-Both act on validated :class:`~strategies.replies.ClientUpdate` values before a
-method's ``apply`` sees them, so the methods stay unaware of them.
+Both act on validated :class:`~fedsketch.methods.ClientUpdate` values before a
+method's ``step`` sees them, so the methods stay unaware of them.
 
 Clipping (``clip-norm`` C) scales each client's update to L2 norm at most C.
-What "norm" means is the strategy's (``FedSketchStrategy.update_norm``): the
+What "norm" means is the method's (:attr:`fedsketch.methods.Method.norm`): the
 dense update's for uncompressed uploads, the decoded vector's for compressed
 ones, and for FetchSGD the Count Sketch's own estimate of the norm of the
 vector it sketches (the median of its rows' norms), since the server never
@@ -25,15 +25,40 @@ system, never from the run seed, which anyone holding the config knows.
 from __future__ import annotations
 
 import dataclasses
-import math
+import secrets
 from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
+from fedsketch.books import Books
 from fedsketch.config import RunConfig
-from fedsketch.privacy import clip_factor, epsilon
-from strategies.replies import ClientUpdate
+from fedsketch.methods import ClientUpdate, Method
+from fedsketch.methods.method import payload_norm
+from fedsketch.privacy import clip_factor
+
+
+def noise_generator() -> torch.Generator:
+    """The DP noise's generator, seeded from the operating system (never the run seed, which anyone may know)."""
+    gen = torch.Generator()
+    gen.manual_seed(secrets.randbits(63))
+    return gen
+
+
+def screen(
+    cfg: RunConfig, method: Method, books: Books, noise: torch.Generator, d: int, updates: list[ClientUpdate]
+) -> list[ClientUpdate]:
+    """Clipping, or clipping and noise on the sum (one update of weight 1), as the run asks."""
+    if cfg.dp_noise_multiplier > 0:
+        books.dp_rounds += 1
+        bound = cfg.clip_norm * method.sensitivity(cfg)
+        books.add("clipped", sum(payload_norm(u) > bound for u in updates))
+        return [noisy_mean(updates, bound, cfg.dp_noise_multiplier, cfg.clients_per_round, noise)]
+    if cfg.clip_norm > 0 and method.norm is not None:
+        norm_of = method.norm
+        updates, clipped = clip_updates(updates, cfg.clip_norm, lambda u: norm_of(u, cfg, d), scale_payload)
+        books.add("clipped", clipped)
+    return updates
 
 
 def clip_updates(
@@ -48,12 +73,6 @@ def clip_updates(
             u, clipped = scale(u, factor), clipped + 1
         out.append(u)
     return out, clipped
-
-
-def payload_norm(u: ClientUpdate) -> float:
-    """L2 (Frobenius) norm over every float array of the payload, accumulated in float64."""
-    squares = sum(float(np.square(arr, dtype=np.float64).sum()) for arr in u.payload.values() if arr.dtype.kind == "f")
-    return math.sqrt(squares)
 
 
 def scale_payload(u: ClientUpdate, factor: float) -> ClientUpdate:
@@ -107,15 +126,3 @@ def all_finite(value: object) -> bool:
     if isinstance(value, Mapping):
         return all(all_finite(v) for v in value.values())
     return True
-
-
-def privacy_metrics(cfg: RunConfig, rounds: int) -> dict[str, float]:
-    """The privacy budget spent after ``rounds`` noisy rounds; empty when DP is off."""
-    if cfg.dp_noise_multiplier <= 0:
-        return {}
-    q = cfg.clients_per_round / cfg.num_clients
-    eps, order = epsilon(q, cfg.dp_noise_multiplier, rounds, cfg.dp_delta)
-    return {
-        "dp_epsilon": eps, "dp_delta": cfg.dp_delta, "dp_noise_multiplier": cfg.dp_noise_multiplier,
-        "dp_sampling_rate": q, "dp_rounds": rounds, "dp_order": order,
-    }  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -26,27 +26,10 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
+from clients.messages import wire_bytes
 from fedsketch import wire
+from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
-from strategies.records import wire_bytes
-
-PayloadSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
-PayloadCheck = Callable[[dict[str, np.ndarray]], object]
-"""For layouts that vary (sparse encodings, counts): decode the payload or raise ValueError."""
-
-
-@dataclass(frozen=True)
-class ClientUpdate:
-    """One logical client's accepted contribution."""
-
-    cid: int
-    payload: dict[str, np.ndarray]
-    num_examples: int
-    loss: float
-    upload_bytes: int
-    node: int = 0
-    decoded: object = None  # what a PayloadCheck returned (e.g. the dense vector), else None
-    diagnostic: dict[str, np.ndarray] | None = None  # diagnose-sketch's dense update (simulation only)
 
 
 @dataclass

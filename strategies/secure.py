@@ -15,7 +15,7 @@ and hands the unmasked weighted mean to the strategy's ``aggregate_fit``.
 (as :mod:`fedsketch.wire` lays them out) and catches the mean. The client side
 is ``clients/secure.py``.
 
-What changes with it (see the README):
+What changes with it (see docs/trust.md):
 
 - Each node uploads ``n * x / max_weight`` clipped to ``[-clip, clip]`` and
   stochastically rounded to ``2**22`` levels, masked. The sum's error is below
@@ -32,7 +32,7 @@ What changes with it (see the README):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -47,10 +47,13 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
+from clients.messages import wire_bytes
 from fedsketch import wire
-from fedsketch.config import RunConfig
-from strategies.records import wire_bytes
-from strategies.replies import ClientUpdate, RoundReplies
+from fedsketch.methods import ClientUpdate, PayloadSpec
+from strategies.replies import RoundReplies
+
+if TYPE_CHECKING:
+    from strategies.strategy import FedSketchStrategy
 
 CLIPPING_RANGE = 8.0  # Flower's default: a node's weighted values must lie in [-8, 8]
 QUANTIZATION_RANGE = 2**22
@@ -140,47 +143,47 @@ def quantization_error(nodes: int, total_weight: float) -> float:
     return nodes * (2 * CLIPPING_RANGE / QUANTIZATION_RANGE) / total_weight
 
 
-class SecureRounds:
-    """Mixed into the base strategy: one round through SecAgg+ instead of plain uploads."""
+def secure_round(s: FedSketchStrategy, server_round: int, grid: Grid, config: ConfigRecord) -> None:
+    """One round through SecAgg+ instead of plain uploads: only the sum reaches the method's step.
 
-    cfg: RunConfig
-    max_examples: int
-    weights: Any
-    _sent: dict[int, list[int]]
+    The nodes clip their own clients (``clients/secure.py``), so the sum is
+    applied as it is (``screened``); the bytes both ways are what the protocol's
+    four stages serialized.
+    """
+    s.plan = p = s.plan_round(server_round, config, grid)
+    per_node = max(max(1, len(cids)) for cids in p.sent.values())
+    bridge, counting = secure_mean(grid, p.sent, s.weights.cpu().numpy(), p.config,
+                                   float(s.max_examples * per_node), s.cfg.round_timeout)  # fmt: skip
+    s.books.add("download", counting.sent)
+    s.books.add("download_sent", counting.sent)
+    s.books.add("upload", counting.received)
+    got, answered = RoundReplies(upload_bytes=counting.received), bridge.results
+    got.timeouts = sum(max(1, len(c)) for node, c in p.sent.items() if node not in answered)
+    got.errors = sum(int(res.metrics.get("failed", 0)) for res in answered.values())
+    contributors = sum(int(res.metrics.get("clients", 0)) for res in answered.values())
+    layout = s.method.layout(s.cfg, s.d, server_round)
+    payload, why = checked_mean(bridge.mean, layout)  # type: ignore[arg-type]
+    if payload is None:
+        got.rejected = contributors
+        s.count_failures(got)
+        s.skip(server_round, got, f"secure aggregation gave no usable sum: {why}", 0)
+        return
+    losses = [float(res.metrics["loss"]) for res in answered.values() if "loss" in res.metrics]
+    loss = float(np.mean(losses)) if losses else float("nan")
+    got.updates = [ClientUpdate(-1, payload, 1, loss, counting.received)]
+    s.count_failures(got)
+    s.books.add("clients", contributors)
+    s.books.add("dense", s.dense_bytes * contributors)
+    s.finish_round(server_round, got, contributors, screened=True)
 
-    def _secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
-        base = self._plan_round(server_round, config, grid)  # type: ignore[attr-defined]
-        per_node = max(max(1, len(cids)) for cids in self._sent.values())
-        bridge, counting = secure_mean(grid, self._sent, self.weights.cpu().numpy(), base,
-                                       float(self.max_examples * per_node), self.cfg.round_timeout)  # fmt: skip
-        self._add("download", counting.sent)  # type: ignore[attr-defined]
-        self._add("upload", counting.received)  # type: ignore[attr-defined]
-        got, answered = RoundReplies(upload_bytes=counting.received), bridge.results
-        got.timeouts = sum(max(1, len(c)) for node, c in self._sent.items() if node not in answered)
-        got.errors = sum(int(res.metrics.get("failed", 0)) for res in answered.values())
-        contributors = sum(int(res.metrics.get("clients", 0)) for res in answered.values())
-        payload, why = self._checked_mean(bridge.mean)
-        if payload is None:
-            got.rejected = contributors
-            self._count_failures(got)  # type: ignore[attr-defined]
-            self._skip(server_round, got, f"secure aggregation gave no usable sum: {why}", 0)  # type: ignore[attr-defined]
-            return
-        losses = [float(res.metrics["loss"]) for res in answered.values() if "loss" in res.metrics]
-        loss = float(np.mean(losses)) if losses else float("nan")
-        got.updates = [ClientUpdate(-1, payload, 1, loss, counting.received)]
-        self._count_failures(got)  # type: ignore[attr-defined]
-        self._add("clients", contributors)  # type: ignore[attr-defined]
-        self._add("dense", self._dense_bytes * contributors)  # type: ignore[attr-defined]
-        self._finish_round(server_round, got, lambda updates: updates, contributors)  # type: ignore[attr-defined]
 
-    def _checked_mean(self, mean: list[np.ndarray] | None) -> tuple[dict[str, np.ndarray] | None, str]:
-        """The unmasked mean as the method's payload, if it has the method's layout and is finite."""
-        spec = self.payload_spec()  # type: ignore[attr-defined]
-        if mean is None:
-            return None, "the protocol halted (too few nodes answered)"
-        names = sorted(spec)
-        if len(mean) != len(names) or any(arr.shape != spec[n][0] for n, arr in zip(names, mean)):
-            return None, f"arrays of shapes {[a.shape for a in mean]}; expected {[spec[n][0] for n in names]}"
-        if not all(np.isfinite(arr).all() for arr in mean):
-            return None, "NaN or Inf in the sum"
-        return {n: arr.astype(spec[n][1]) for n, arr in zip(names, mean)}, ""
+def checked_mean(mean: list[np.ndarray] | None, spec: PayloadSpec) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The unmasked mean as the method's payload, if it has the method's layout and is finite."""
+    if mean is None:
+        return None, "the protocol halted (too few nodes answered)"
+    names = sorted(spec)
+    if len(mean) != len(names) or any(arr.shape != spec[n][0] for n, arr in zip(names, mean)):
+        return None, f"arrays of shapes {[a.shape for a in mean]}; expected {[spec[n][0] for n in names]}"
+    if not all(np.isfinite(arr).all() for arr in mean):
+        return None, "NaN or Inf in the sum"
+    return {n: arr.astype(spec[n][1]) for n, arr in zip(names, mean)}, ""

@@ -13,40 +13,23 @@ from fedsketch.client_state import clear_states
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.flat import num_params
 from fedsketch.task import load_data, make_model
-from strategies.base import FedSketchStrategy
-from strategies.compressed import CompressedUpload, TrueTopK
-from strategies.fedavg import FedAvg
-from strategies.fetchsgd import FetchSGD
-from strategies.sketched_sgd import SketchedSGD
-
-STRATEGIES: dict[str, type[FedSketchStrategy]] = {
-    "fetchsgd": FetchSGD,
-    "fedavg": FedAvg,
-    "true_topk": TrueTopK,
-    "sketched_sgd": SketchedSGD,
-    **dict.fromkeys(("local_topk", "random_k", "gaussiank", "qsgd", "terngrad", "signsgd"), CompressedUpload),
-}
+from strategies.strategy import FedSketchStrategy
 
 
 def build_strategy(cfg: RunConfig, out_dir: Path | None) -> FedSketchStrategy:
-    """The strategy ``cfg.strategy`` with its model and the server's test set.
+    """The strategy for ``cfg.strategy`` with its model and the server's test set.
 
     Raises
     ------
     ConfigError
         If a setting does not fit the model (e.g. ``k`` larger than ``d``).
-    ValueError
-        If the strategy has no Flower implementation yet.
     """
-    if cfg.strategy not in STRATEGIES:
-        raise ValueError(f"strategy {cfg.strategy!r} is not available; choose from {sorted(STRATEGIES)}")
     data = load_data(cfg)
     model = make_model(cfg, data)
     check_against_model(cfg, num_params(model))
-    strategy = STRATEGIES[cfg.strategy](cfg, model, data.test_x, data.test_y, out_dir)
-    if cfg.client_update == "delta":  # a client's weight is its number of examples: no more than it holds
-        strategy.max_examples = max(len(idx) for idx in data.client_indices)
-    return strategy
+    # A gradient covers one local batch; a delta covers the client's data: no more than the largest partition.
+    biggest = max(len(idx) for idx in data.client_indices) if cfg.client_update == "delta" else None
+    return FedSketchStrategy(cfg, model, data.test_x, data.test_y, out_dir, max_examples=biggest)
 
 
 def poll_replies_sooner(grid: Grid, interval_s: float) -> None:

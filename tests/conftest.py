@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ FLOWER_PROCESSES = "flower-superlink|flower-supernode|flwr-clientapp|flwr-server
 # below sees only our own processes, never those of other work on the machine.
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
+# Commands started by tests record their tokens here, not in the user's state folder (experiments/stopping.py).
+os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
 
 
 def flower_pids() -> set[int]:

@@ -7,14 +7,13 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from method_helpers import encode, step
 
-from fedsketch.client_side import ClientInput, RoundInfo, encode
 from fedsketch.config import RunConfig
-from fedsketch.task import client_options
-from strategies.base import FedSketchStrategy
-from strategies.replies import ClientUpdate
-from strategies.sampling import assign_homes
-from strategies.server_app import STRATEGIES, build_strategy
+from fedsketch.methods import ClientUpdate
+from strategies.plan import assign_homes
+from strategies.server_app import build_strategy
+from strategies.strategy import FedSketchStrategy
 
 TINY = {"num-clients": 20, "clients-per-round": 4, "model-hidden": 16, "k": 30, "num-rounds": 3}
 CIDS = [2, 5, 11]
@@ -28,11 +27,10 @@ def strategy(name: str, **settings: object) -> tuple[FedSketchStrategy, RunConfi
 
 def updates(strat: FedSketchStrategy, cfg: RunConfig, vectors: list[torch.Tensor]) -> list[ClientUpdate]:
     """What the strategy would accept from three clients uploading these vectors in round 1."""
-    strat.current_round = 1
-    check = strat.payload_spec()
+    check = strat.method.layout(cfg, strat.d, 1)
     out = []
     for cid, n, vec in zip(CIDS, EXAMPLES, vectors):
-        payload, _ = encode(client_options(cfg), vec, ClientInput(cid, RoundInfo(1, 0, 1, 1)))
+        payload, _ = encode(cfg, vec, cid=cid)
         decoded = check(payload) if callable(check) else None
         out.append(ClientUpdate(cid, payload, n, 0.5, 0, 0, decoded))
     return out
@@ -43,18 +41,12 @@ def vectors(d: int) -> list[torch.Tensor]:
     return [torch.randn(d, generator=gen) for _ in CIDS]
 
 
-def test_every_configurable_strategy_has_a_flower_implementation() -> None:
-    from fedsketch.config import STRATEGIES as NAMES
-
-    assert set(STRATEGIES) == set(NAMES)
-
-
 def test_fedavg_matches_flowers_fedavg_aggregation() -> None:
     """lr 1, no momentum, clients upload w - w_i: our update lands on Flower's weighted mean of the w_i."""
     strat, cfg = strategy("fedavg", lr=1.0, momentum=0.0, **{"client-update": "delta"})
     w = strat.weights.clone()
     deltas = vectors(strat.d)
-    ours = w - strat.apply(1, updates(strat, cfg, deltas), strat.weights)
+    ours = w - step(strat, updates(strat, cfg, deltas))
     replies = [
         RecordDict(
             {"arrays": ArrayRecord({"w": Array((w - delta).numpy())}), "metrics": MetricRecord({"num-examples": n})}
@@ -68,7 +60,7 @@ def test_fedavg_matches_flowers_fedavg_aggregation() -> None:
 def test_true_topk_applies_k_coordinates_of_the_weighted_mean() -> None:
     strat, cfg = strategy("true_topk", momentum=0.0, lr=1.0)
     vecs = vectors(strat.d)
-    delta = strat.apply(1, updates(strat, cfg, vecs), strat.weights)
+    delta = step(strat, updates(strat, cfg, vecs))
     mean = sum(n / sum(EXAMPLES) * v for n, v in zip(EXAMPLES, vecs))
     support = torch.nonzero(delta).reshape(-1)
     assert support.numel() == cfg.k
@@ -82,25 +74,24 @@ def test_compressed_uploads_average_what_the_clients_sent(name: str) -> None:
     got = updates(strat, cfg, vectors(strat.d))
     decoded = [u.decoded for u in got]
     assert all(isinstance(x, torch.Tensor) and x.shape == (strat.d,) for x in decoded)
-    delta = strat.apply(1, got, strat.weights)
+    delta = step(strat, got)
     mean = sum(n / sum(EXAMPLES) * x for n, x in zip(EXAMPLES, decoded))  # type: ignore[misc]
     torch.testing.assert_close(delta, 0.5 * mean)
-    assert strat.keeps_client_state() == (name in ("local_topk", "random_k", "gaussiank", "signsgd"))
+    assert (strat.method.state_vectors(cfg) > 0) == (name in ("local_topk", "random_k", "gaussiank", "signsgd"))
 
 
 def test_signsgd_majority_applies_the_vote() -> None:
     strat, cfg = strategy("signsgd", momentum=0.0, lr=0.01, **{"signsgd-variant": "majority"})
     vecs = vectors(strat.d)
-    delta = strat.apply(1, updates(strat, cfg, vecs), strat.weights)
+    delta = step(strat, updates(strat, cfg, vecs))
     vote = torch.sign(sum(torch.where(v < 0, -1.0, 1.0) for v in vecs))  # zeros are sent as +
     torch.testing.assert_close(delta, 0.01 * vote)
-    assert not strat.keeps_client_state()
+    assert not (strat.method.state_vectors(cfg) > 0)
 
 
 def test_a_payload_of_another_layout_is_refused_by_the_decoder() -> None:
-    strat, _ = strategy("qsgd")
-    strat.current_round = 1
-    check = strat.payload_spec()
+    strat, cfg = strategy("qsgd")
+    check = strat.method.layout(cfg, strat.d, 1)
     assert callable(check)
     with pytest.raises(ValueError, match="qsgd payload 'norm' is float32\\[1\\]"):  # sent without buckets
         check({"norm": np.ones(1, np.float32), "sign": np.zeros(1, np.uint8), "level": np.zeros(3, np.uint8)})

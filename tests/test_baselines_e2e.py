@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from method_helpers import encode, second_exchange_upload
 
+from clients.messages import client_metrics, model_record, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
-from fedsketch import wire
-from fedsketch.client_side import ClientInput, RoundInfo, encode
-from fedsketch.config import STRATEGIES, RunConfig
+from fedsketch.config import RunConfig
 from fedsketch.flat import num_params
-from fedsketch.task import client_options, load_data, make_model
-from strategies.records import client_metrics, model_record, payload_to_record, wire_bytes
-from strategies.sampling import sample_clients
+from fedsketch.methods import NAMES as STRATEGIES
+from fedsketch.methods import get_method
+from fedsketch.task import load_data, make_model
+from strategies.plan import sample_clients
 
 pytestmark = pytest.mark.slow
 
@@ -53,21 +54,19 @@ def _expected_upload(cfg: RunConfig) -> int:
     """
     data = load_data(cfg)
     d = num_params(make_model(cfg, data))
-    echo = {"sketch-seed": cfg.seed, "sketch-rows": cfg.sketch_rows, "sketch-cols": cfg.sketch_cols}
-    sketched = cfg.strategy in ("fetchsgd", "sketched_sgd")
-    info = RoundInfo(1, cfg.seed, cfg.sketch_rows, cfg.sketch_cols)
-    payload, _ = encode(client_options(cfg), torch.randn(d), ClientInput(0, info))
+    echo = get_method(cfg.strategy).round_config(cfg)  # what a client echoes: the sketch's seed and shape, if any
+    method = get_method(cfg.strategy)
+    request = method.requests(method.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0)
+    payload, _ = encode(cfg, torch.randn(d), request=request)
+    second = second_exchange_upload(cfg, d, lambda answer: wire_bytes(payload_to_record(answer)))
     total = 0
     for rnd in range(1, cfg.num_rounds + 1):
         for cid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
             n = min(len(data.client_data(cid)[0]), cfg.local_batch_size)
             total += wire_bytes(payload_to_record(payload))
-            total += wire_bytes(
-                client_metrics(n, 0.5, 0.1, {k: v for k, v in echo.items() if sketched and k in wire.ECHO_KEYS})
-            )
-            if cfg.strategy == "sketched_sgd":  # the second exchange: exact values at the candidates
-                values = {"val": np.zeros(cfg.candidate_factor * cfg.k, np.float32)}
-                total += wire_bytes(payload_to_record(values)) + wire_bytes(client_metrics(n, 0.5, 0.1))
+            total += wire_bytes(client_metrics(n, 0.5, 0.1, echo))
+            if second:  # the method's second exchange: its answer and a metrics record without the echo
+                total += second + wire_bytes(client_metrics(n, 0.5, 0.1))
     return total
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
 from torch.nn import functional as F
 
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
-from fedsketch.client_side import RoundInfo
 from fedsketch.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.flat import get_flat, get_flat_grad
+from fedsketch.methods import ClientJob
 from fedsketch.models import build_model
 from fedsketch.task import load_data, make_model
 from strategies.server_app import build_strategy
@@ -36,6 +36,7 @@ def one_at_a_time(model: torch.nn.Module, batches: list[ClientBatch]) -> list[tu
     return out
 
 
+@pytest.mark.slow  # ResNet-9 in float64: about 10 s a norm
 @pytest.mark.parametrize("norm", ["batch", "group", "none"])
 def test_vectorized_gradients_equal_one_client_at_a_time_in_float64(norm: str) -> None:
     """The math is the same: in float64 only rounding separates the two (ResNet-9, every norm)."""
@@ -75,8 +76,8 @@ def test_a_vectorized_cohort_gives_each_client_its_own_payload_and_failure() -> 
     vec_cfg = RunConfig.from_mapping({**SETTINGS, "weight-decay": 1e-3, "client-batching": 3})
     d = get_flat(make_model(seq_cfg, load_data(seq_cfg))).numel()
     weights = np.random.default_rng(0).normal(0, 0.1, d).astype(np.float32)
-    info = RoundInfo(2, 0, 3, 400)
-    seq, vec = run_cohort(seq_cfg, weights, cids, info), run_cohort(vec_cfg, weights, cids, info)
+    jobs = [ClientJob(cid, 2, {"sketch-seed": 0, "sketch-rows": 3, "sketch-cols": 400}) for cid in cids]
+    seq, vec = run_cohort(seq_cfg, weights, jobs), run_cohort(vec_cfg, weights, jobs)
     assert [o.cid for o in vec] == cids
     assert [o.error is None for o in vec] == [True, True, True, True, False]
     assert vec[-1].error == seq[-1].error and "99" in str(vec[-1].error)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
 
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.client_state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy

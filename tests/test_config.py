@@ -36,6 +36,7 @@ def test_round_trip_through_kebab_case() -> None:
         ({"momentum": 1.0}, r"setting 'momentum' must be in \[0, 1\)"),
         ({"strategy": "fetch"}, "setting 'strategy' must be one of"),
         ({"error-feedback": "zero"}, "setting 'error-feedback' must be one of"),
+        ({"lr-placement": "momentum"}, "setting 'lr-placement' must be one of error, update"),
         ({"clients-per-round": 500}, "exceeds 'num-clients'"),
         ({"reply-poll-s": 0.0}, "setting 'reply-poll-s' must be > 0"),
     ],
@@ -48,3 +49,18 @@ def test_bad_settings_name_the_key(values: dict[str, object], message: str) -> N
 def test_k_larger_than_model_is_refused_before_training() -> None:
     with pytest.raises(ConfigError, match=r"setting 'k' \(5000\) exceeds the model's 100 parameters"):
         check_against_model(RunConfig(k=5000), d=100)
+
+
+def test_the_settings_table_and_the_fields_agree_in_keys_and_types() -> None:
+    """fedsketch/settings.toml holds each field's default: one entry a field, of the field's type."""
+    from dataclasses import fields
+    from typing import get_type_hints
+
+    from fedsketch.config import TABLE, field_keys
+
+    hints = get_type_hints(RunConfig)
+    assert set(TABLE) == set(field_keys())
+    for key, name in field_keys().items():
+        assert type(TABLE[key]["default"]) is hints[name], f"{key}: {TABLE[key]['default']!r} is not {hints[name]}"
+        assert TABLE[key]["doc"]
+    assert {f.name for f in fields(RunConfig)} - {"extras"} == set(field_keys().values())

@@ -213,3 +213,34 @@ def test_load_federated_caches_per_spec() -> None:
 def test_spec_rejects_bad_settings_with_the_reason(field: str, value: object) -> None:
     with pytest.raises((ValueError, TypeError), match=field.split("_")[0]):
         DataSpec(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("layout", "gz"), [("", True), ("MNIST/raw", False)])
+def test_mnist_t10k_holds_out_a_fixed_part_of_the_test_split(tmp_path: Path, layout: str, gz: bool) -> None:
+    """``mnist_t10k``: the published test split alone, ``T10K_HOLDOUT`` images held out by seed, the rest for clients."""
+    from fedsketch.data.load import T10K_HOLDOUT
+
+    n = T10K_HOLDOUT + 60
+    images = np.random.default_rng(3).integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    suffix = ".gz" if gz else ""
+    write_idx(tmp_path / layout / f"t10k-images-idx3-ubyte{suffix}", images, gz=gz)
+    write_idx(tmp_path / layout / f"t10k-labels-idx1-ubyte{suffix}", np.arange(n) % 10, gz=gz)
+    spec = DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="pathological", classes_per_client=1,
+                    num_clients=10)  # fmt: skip
+    data = load_federated(spec)
+    assert data.train_x.shape == (60, 1, 28, 28) and data.test_x.shape == (T10K_HOLDOUT, 1, 28, 28)
+    assert data.num_classes == 10 and data.input_shape == (1, 28, 28)
+    assert all(len(np.unique(data.train_y.numpy()[p])) == 1 for p in data.client_indices)
+    (mean,), (std,) = NORMALIZATION["mnist"]
+    pixels = torch.cat([data.train_x, data.test_x]).flatten(1)[:, 0].sort().values
+    expected = torch.from_numpy(images[:, 0, 0].astype(np.float32) / 255).sub(mean).div(std).sort().values
+    torch.testing.assert_close(pixels, expected)
+    other = load_federated(DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="iid", num_clients=10, seed=1))
+    assert not torch.equal(other.test_y, data.test_y)  # the holdout is drawn from the seed
+
+
+def test_mnist_t10k_without_the_files_names_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=rf"t10k-images-idx3-ubyte\[\.gz\] in {tmp_path}"):
+        load_federated(DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="iid"))
+    with pytest.raises(FileNotFoundError, match="empty data root"):
+        load_federated(DataSpec(dataset="mnist_t10k", partition="iid"))

@@ -22,6 +22,7 @@ from fedsketch.data import (
     DataSpec,
     FederatedData,
     from_idx_files,
+    load_federated,
     load_idx_images,
     load_idx_labels,
 )
@@ -58,6 +59,14 @@ pytestmark = pytest.mark.skipif(
 def mnist() -> FederatedData:
     spec = DataSpec(dataset="mnist", partition="pathological", classes_per_client=2, num_clients=100)
     return from_idx_files(str(IMAGES), str(LABELS), spec, holdout=2000)
+
+
+def test_the_mnist_t10k_dataset_is_this_split(mnist: FederatedData) -> None:
+    """``dataset = "mnist_t10k"`` (what run configs name) holds out the same 2,000 images as the fixture."""
+    spec = DataSpec(dataset="mnist_t10k", root=str(MNIST_DIR), partition="pathological", classes_per_client=2,
+                    num_clients=100)  # fmt: skip
+    data = load_federated(spec)
+    assert torch.equal(data.test_x, mnist.test_x) and torch.equal(data.train_y, mnist.train_y)
 
 
 def _accuracy(model: nn.Module, data: FederatedData) -> float:
@@ -106,6 +115,7 @@ def test_centralized_mlp_learns(mnist: FederatedData) -> None:
     assert _accuracy(model, mnist) >= 0.9
 
 
+@pytest.mark.slow  # trains on real images for tens of seconds
 def test_fedavg_on_two_class_clients_learns(mnist: FederatedData) -> None:
     """FedAvg (McMahan et al. 2017): 20 of 100 two-class clients a round, 2 local epochs."""
     model = build_model("mlp", mnist.input_shape, mnist.num_classes, hidden=200)
@@ -130,6 +140,7 @@ def test_fedavg_on_two_class_clients_learns(mnist: FederatedData) -> None:
     assert _accuracy(model, mnist) >= 0.85
 
 
+@pytest.mark.slow  # trains on real images for tens of seconds
 def test_fetchsgd_on_two_class_clients_reaches_90_percent(mnist: FederatedData) -> None:
     """FetchSGD (Rothchild et al. 2020): 10 of 100 two-class clients a round each upload the 3 x 10,000
     sketch of one gradient (6.6x smaller than the 199,210-parameter MLP); 200 rounds, server momentum

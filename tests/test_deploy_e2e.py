@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments import runner
 from experiments.cli import main as fedsketch_main
 from experiments.deploy import Deployment, LocalFederation, node_settings
 from experiments.pki import make_node_keys
 from fedsketch.config import RunConfig
-from strategies.records import client_metrics, payload_to_record, wire_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
     nodes are connected: ``min-nodes`` = 3 makes the next round wait (up to the
     round timeout) for the node to be back rather than race it.
     """
-    values = {**node_settings(3), **TINY, "num-rounds": 4, "experiment": "flaky", "out-dir": str(tmp_path / "runs"),
+    values = {**node_settings(3), **TINY, "num-rounds": 5, "experiment": "flaky", "out-dir": str(tmp_path / "runs"),
               "min-nodes": 3, "min-replies": 2, "round-timeout": 40.0}  # fmt: skip
     run_dir = runner.prepare(RunConfig.from_mapping(values))
     with LocalFederation(Deployment(3, tls=True, auth=True), tmp_path / "fed") as fed:
@@ -135,7 +135,9 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
         assert fed.online_nodes() == node_ids
     assert code == 0, (run_dir / "flower.log").read_text()[-3000:]
     rows = _rows(run_dir)
-    assert [r["round"] for r in rows] == [1, 2, 3, 4]
-    assert [rows[0]["clients"], rows[1]["clients"], rows[3]["clients"]] == [3, 2, 3]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [rows[0]["clients"], rows[1]["clients"]] == [3, 2]
+    # back in a later round (under load its first round back may still time out)
+    assert max(r["clients"] for r in rows[2:]) == 3
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert not _processes_in(tmp_path)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
-from flwr.app import ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
+from clients.messages import payload_to_record, wire_bytes
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch import download, wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model
-from strategies.records import payload_to_record, wire_bytes
 from strategies.server_app import build_strategy
 
 SETTINGS = {
@@ -124,8 +125,6 @@ def test_sparse_download_charges_each_returning_client_its_serialized_catch_up(t
 
 
 def test_sparse_download_is_refused_where_it_cannot_be_delivered() -> None:
-    with pytest.raises(ConfigError, match="client-assignment"):
-        RunConfig.from_mapping({"download": "sparse", "client-assignment": "node"})
     with pytest.raises(ConfigError, match="secure-aggregation"):
         RunConfig.from_mapping({"download": "sparse", "secure-aggregation": True})
     with pytest.raises(ConfigError, match="'download' must be one of dense, sparse"):
@@ -154,3 +153,62 @@ def test_download_k_is_refused_where_it_means_nothing() -> None:
         RunConfig.from_mapping({"strategy": "local_topk", "download-k": -1})
     with pytest.raises(ConfigError, match=r"'download-k' \(400\) exceeds the model's 300 parameters"):
         check_against_model(RunConfig.from_mapping({"strategy": "qsgd", "download-k": 400, "k": 10}), 300)
+
+
+DEVICES = {**SETTINGS, "client-assignment": "node", "num-clients": 4, "clients-per-round": 2, "min-nodes": 4,
+           "eval-every": 1}  # fmt: skip
+
+
+def _devices(download_mode: str, deliver: Any = None) -> tuple[Any, list[dict[str, Any]], InProcessGrid]:
+    """Four devices, two a round (each skips rounds), one client each: the strategy, its rows and the grid.
+
+    ``deliver(grid, message)``, if given, may change a request as its device receives it.
+    """
+    cfg = RunConfig.from_mapping({**DEVICES, "download": download_mode})
+    grid = InProcessGrid(cfg.to_mapping(), num_nodes=4)
+    if deliver is not None:
+        grid.deliver = lambda msg: deliver(grid, msg)
+    strat = build_strategy(cfg, None)
+    with task_identity():
+        strat.start(grid)  # type: ignore[arg-type]
+    return strat, strat.history, grid
+
+
+def test_a_device_that_kept_its_model_is_sent_only_the_catch_up_and_trains_on_the_very_same_model() -> None:
+    """Each reply echoes the CRC of the model it trained on and none is rejected: every catch-up was exact."""
+    sparse, rows, _ = _devices("sparse")
+    dense, dense_rows, _ = _devices("dense")
+    assert torch.equal(sparse.weights, dense.weights)  # the same training, bit for bit
+    assert sum(r["rejected"] + r["client_errors"] for r in rows) == 0
+    assert sum(r["sparse_downloads"] for r in rows) > 0
+    assert rows[-1]["cum_download_bytes"] < dense_rows[-1]["cum_download_bytes"]
+    assert rows[-1]["cum_download_bytes"] == rows[-1]["cum_download_sent_bytes"]  # one client a message: billed as sent
+
+
+def test_a_device_that_lost_its_model_fails_once_then_gets_the_whole_model() -> None:
+    lost: list[int] = []
+
+    def forget(grid: InProcessGrid, msg: Message) -> Message:
+        if wire.CATCH_UP_KEY in msg.content.array_records and not lost:  # the device restarted, its state gone
+            lost.append(msg.metadata.dst_node_id)
+            del grid.contexts[msg.metadata.dst_node_id].state["kept-model"]
+        return msg
+
+    _, rows, _ = _devices("sparse", deliver=forget)
+    assert lost and sum(r["client_errors"] for r in rows) == 1 and sum(r["rejected"] for r in rows) == 0
+
+
+def test_a_device_that_trained_on_another_model_is_rejected() -> None:
+    bent: list[int] = []
+
+    def bend(grid: InProcessGrid, msg: Message) -> Message:
+        if wire.CATCH_UP_KEY in msg.content.array_records and not bent:
+            record = msg.content.array_records[wire.CATCH_UP_KEY]
+            values = record["val"].numpy().copy()
+            values[0] += 1.0
+            msg.content[wire.CATCH_UP_KEY] = ArrayRecord({**dict(record.items()), "val": Array(values)})
+            bent.append(msg.metadata.dst_node_id)
+        return msg
+
+    _, rows, _ = _devices("sparse", deliver=bend)
+    assert bent and sum(r["rejected"] for r in rows) == 1 and sum(r["client_errors"] for r in rows) == 0

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flower_fakes import InProcessGrid, task_identity
 from flwr.app import Array, ConfigRecord, Error, Message
 
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData
-from strategies.sampling import sample_clients
+from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
 
 SETTINGS = {

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flower_fakes import InProcessGrid, task_identity
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from fedsketch.evaluate import evaluate
 from fedsketch.flat import set_flat

@@ -7,6 +7,7 @@ import torch
 
 from fedsketch import CountSketch
 from fedsketch.algorithms import fetchsgd, momentum_sgd
+from fedsketch.compress import server
 
 
 def _sketch_table(vec: torch.Tensor, params: fetchsgd.FetchSGDParams) -> torch.Tensor:
@@ -29,8 +30,18 @@ def test_with_exact_recovery_and_k_equal_d_fetchsgd_is_sgd_with_momentum() -> No
     torch.testing.assert_close(w_sketch, w_ref, rtol=1e-5, atol=1e-6)
 
 
+def _top_k_of(table: torch.Tensor, params: fetchsgd.FetchSGDParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest |estimates| of a table (ties: smaller index) and its estimates of all coordinates."""
+    estimates = CountSketch.from_table(table, params.d, params.seed).estimate()
+    return torch.sort(estimates.abs(), descending=True, stable=True).indices[: params.k], estimates
+
+
 def test_subtract_variant_conserves_mass_in_sketch_space() -> None:
-    """Applied updates + remaining error == sum over rounds of lr * momentum (sketched)."""
+    """Applied updates + remaining error == sum over rounds of lr * momentum (sketched).
+
+    That identity holds for any choice of coordinates, so each round's update
+    is also checked to be the top-k of the error sketch's estimates.
+    """
     d, lr = 5_000, 0.05
     params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=500, seed=1, k=50, momentum=0.9)
     gen = torch.Generator().manual_seed(1)
@@ -39,9 +50,73 @@ def test_subtract_variant_conserves_mass_in_sketch_space() -> None:
     for _ in range(5):
         merged = _sketch_table(torch.randn(d, generator=gen), params)
         lr_momentum += lr * (params.momentum * state.momentum + merged)
+        top, estimates = _top_k_of(state.error + lr * (params.momentum * state.momentum + merged), params)
         state, update = fetchsgd.step(state, merged, params, lr)
+        assert torch.equal(update.indices, top) and torch.equal(update.values, estimates[top])
         applied += update.dense(d)
     torch.testing.assert_close(_sketch_table(applied, params) + state.error, lr_momentum, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", fetchsgd.VARIANTS)
+def test_with_exact_recovery_and_k_below_d_fetchsgd_is_true_top_k(variant: str) -> None:
+    """d within one chunk (no collisions) and k < d: FetchSGD is the true top-k server, round for round.
+
+    With exact estimates both variants take out exactly Delta, so error
+    carried over from earlier rounds and momentum zeroed at Delta's support
+    decide which coordinates later rounds apply.
+    """
+    d, k, lr, rho = 2_000, 40, 0.1, 0.9
+    params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=d, seed=6, k=k, momentum=rho, error_feedback=variant)
+    reference = server.true_topk(d, k, momentum=rho, momentum_zeroing=True)
+    state, ref = fetchsgd.init(params), server.init(reference)
+    gen = torch.Generator().manual_seed(6)
+    carried = 0
+    for _ in range(8):
+        g = torch.randn(d, generator=gen) * (1 + 3 * (torch.rand(d, generator=gen) < 0.05))
+        fresh = torch.topk((rho * ref.momentum + g).abs(), k).indices.sort().values
+        state, update = fetchsgd.step(state, _sketch_table(g, params), params, lr)
+        ref, delta = server.step(ref, g, reference, lr)
+        support = torch.nonzero(delta).view(-1)
+        assert torch.equal(update.indices.sort().values, support)
+        torch.testing.assert_close(update.dense(d), delta, rtol=1e-6, atol=1e-7)
+        carried += int(not torch.equal(fresh, support))
+    assert carried >= 4  # the error carried over changes what most rounds apply
+
+
+def _taken_out(table: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+               params: fetchsgd.FetchSGDParams) -> torch.Tensor:  # fmt: skip
+    """Algorithm 1's "zero at the support", in the named variant, written out with the public sketch API."""
+    sketch = CountSketch.from_table(table, params.d, params.seed)
+    if params.error_feedback == "subtract":
+        return sketch.accumulate_sparse(indices, -values).table
+    return sketch.zero_buckets(indices).table
+
+
+@pytest.mark.parametrize("variant", fetchsgd.VARIANTS)
+def test_on_a_colliding_sketch_each_round_follows_algorithm_1(variant: str) -> None:
+    """A 3 x 500 sketch of d = 6,000 (estimates are off) and k = 60, over six rounds:
+
+    S_u = rho S_u + S;  S_e += lr S_u;  Delta = top-k of S_e's estimates;
+    Delta taken out of S_e, and S_u's own estimates at Delta's support out of S_u.
+    """
+    d, lr, rho = 6_000, 0.1, 0.9
+    params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=500, seed=5, k=60, momentum=rho, error_feedback=variant)
+    gen = torch.Generator().manual_seed(5)
+    state = fetchsgd.init(params)
+    for rnd in range(6):
+        g = torch.randn(d, generator=gen) * (torch.rand(d, generator=gen) < 0.3)
+        merged = _sketch_table(g, params)
+        if rnd == 0:
+            assert not torch.allclose(CountSketch.from_table(merged, d, 5).estimate(), g)  # lossy indeed
+        u = rho * state.momentum + merged
+        e = state.error + lr * u
+        top, estimates = _top_k_of(e, params)
+        state, update = fetchsgd.step(state, merged, params, lr)
+        assert torch.equal(update.indices, top) and torch.equal(update.values, estimates[top])
+        u_at_top = CountSketch.from_table(u, d, 5).estimate(top)
+        torch.testing.assert_close(state.error, _taken_out(e, top, estimates[top], params), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(state.momentum, _taken_out(u, top, u_at_top, params), rtol=1e-6, atol=1e-6)
+        assert torch.count_nonzero(state.error) > 0 and torch.count_nonzero(state.momentum) > 0
 
 
 def test_zero_buckets_variant_zeroes_every_touched_bucket() -> None:
@@ -83,3 +158,53 @@ def test_merged_table_of_the_wrong_shape_is_refused() -> None:
     params = fetchsgd.FetchSGDParams(d=10, rows=3, cols=10, seed=0, k=5)
     with pytest.raises(ValueError, match=r"merged table has shape \(3, 11\)"):
         fetchsgd.step(fetchsgd.init(params), torch.zeros(3, 11), params, lr=0.1)
+
+
+def _run_placements(variant: str, lrs: list[float]) -> dict[str, list[fetchsgd.FetchSGDUpdate]]:
+    """The updates of both learning-rate placements on the same merged tables, round by round."""
+    d = 3_000
+    out = {}
+    for placement in fetchsgd.LR_PLACEMENTS:
+        # 3 x 200 buckets for 3,000 coordinates: estimates are far from exact, so agreement is not trivial
+        params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=200, seed=6, k=30, error_feedback=variant,
+                                         lr_placement=placement)  # fmt: skip
+        gen = torch.Generator().manual_seed(6)
+        state, updates = fetchsgd.init(params), []
+        for lr in lrs:
+            state, update = fetchsgd.step(state, _sketch_table(torch.randn(d, generator=gen), params), params, lr)
+            updates.append(update)
+        out[placement] = updates
+    return out
+
+
+@pytest.mark.parametrize("variant", fetchsgd.VARIANTS)
+def test_the_lr_placements_agree_at_a_constant_rate(variant: str) -> None:
+    """``S_e += lr S_u`` (the paper) and ``S_e += S_u; w -= lr Delta`` (the reference code) agree at a fixed lr."""
+    runs = _run_placements(variant, [0.05] * 8)
+    for error, update in zip(runs["error"], runs["update"], strict=True):
+        assert torch.equal(error.indices.sort().values, update.indices.sort().values)
+        torch.testing.assert_close(error.dense(3_000), update.dense(3_000), rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(update.values, 0.05 * update.taken)
+
+
+@pytest.mark.parametrize("variant", fetchsgd.VARIANTS)
+def test_the_lr_placements_differ_under_a_schedule(variant: str) -> None:
+    runs = _run_placements(variant, [0.1 * (1 - t / 8) for t in range(8)])
+    gaps = [float((e.dense(3_000) - u.dense(3_000)).norm() / e.dense(3_000).norm())
+            for e, u in zip(runs["error"], runs["update"], strict=True)]  # fmt: skip
+    assert gaps[0] < 1e-5  # nothing accumulated yet: the first round is the same
+    assert max(gaps[1:]) > 0.05
+
+
+def test_under_update_placement_leftover_error_is_applied_at_todays_rate() -> None:
+    """k = 1, no momentum, exact recovery: round 1 leaves 2.0 in the error, round 2 (no gradient) applies it."""
+    out = {}
+    for placement in fetchsgd.LR_PLACEMENTS:
+        params = fetchsgd.FetchSGDParams(d=2, rows=5, cols=1_000, seed=0, k=1, momentum=0.0,
+                                         lr_placement=placement)  # fmt: skip
+        first_table = _sketch_table(torch.tensor([3.0, 2.0]), params)
+        state, first = fetchsgd.step(fetchsgd.init(params), first_table, params, 1.0)
+        state, second = fetchsgd.step(state, _sketch_table(torch.zeros(2), params), params, 0.5)
+        assert first.dense(2).tolist() == [3.0, 0.0]
+        out[placement] = second.dense(2).tolist()
+    assert out == {"error": [0.0, 2.0], "update": [0.0, 1.0]}

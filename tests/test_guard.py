@@ -10,14 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
 from flwr.app import ConfigRecord
 
+from clients.messages import model_record
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
+from fedsketch.methods import ClientUpdate
+from fedsketch.methods.method import payload_norm
 from fedsketch.sketch import CountSketch
-from strategies.guard import clip_updates, noisy_mean, payload_norm, scale_payload
-from strategies.records import model_record
-from strategies.replies import ClientUpdate
+from strategies.guard import clip_updates, noisy_mean, scale_payload
 from strategies.server_app import build_strategy
 
 TINY = {"num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3, "sketch-cols": 400}
@@ -46,7 +47,7 @@ def test_fedavg_clipping_bounds_the_update_whatever_the_clients_send() -> None:
     for boost in (1.0, 1e6):
         delta, strat = one_round(settings, boost)
         assert float(delta.norm()) <= 0.05 * (1 + 1e-5)
-    assert strat._totals["clipped"] == 6  # type: ignore[attr-defined]
+    assert strat.books.totals["clipped"] == 6
     unclipped, _ = one_round({**settings, "clip-norm": 0.0}, 1e6)
     assert float(unclipped.norm()) > 1e3
 
@@ -54,19 +55,25 @@ def test_fedavg_clipping_bounds_the_update_whatever_the_clients_send() -> None:
 def test_fetchsgd_clips_on_the_sketchs_norm_estimate() -> None:
     cfg = RunConfig.from_mapping({**TINY, "clip-norm": 1.0})
     strat = build_strategy(cfg, None)
+    norm = strat.method.norm
+    assert norm is not None
+
+    def norm_of(u: ClientUpdate) -> float:
+        return norm(u, cfg, strat.d)
+
     gen = torch.Generator().manual_seed(0)
     updates = []
     for cid, scale in enumerate((0.1, 10.0, 1e5)):
         sketch = CountSketch(strat.d, cfg.sketch_rows, cfg.sketch_cols, seed=cfg.seed)
         sketch.accumulate(scale * torch.randn(strat.d, generator=gen) / math.sqrt(strat.d))
         updates.append(ClientUpdate(cid, {"table": sketch.table.numpy()}, 10, 0.0, 0))
-    out, clipped = clip_updates(updates, 1.0, strat.update_norm, scale_payload)
+    out, clipped = clip_updates(updates, 1.0, norm_of, scale_payload)
     assert clipped == 2
-    norms = [strat.update_norm(u) for u in out]
-    assert norms[0] == pytest.approx(strat.update_norm(updates[0]))  # below the bound: untouched
+    norms = [norm_of(u) for u in out]
+    assert norms[0] == pytest.approx(norm_of(updates[0]))  # below the bound: untouched
     assert norms[1:] == pytest.approx([1.0, 1.0], rel=1e-5)
     # the estimate is the sketched vector's norm, about: 0.1 and 10 here
-    assert [strat.update_norm(u) for u in updates[:2]] == pytest.approx([0.1, 10.0], rel=0.3)
+    assert [norm_of(u) for u in updates[:2]] == pytest.approx([0.1, 10.0], rel=0.3)
 
 
 def test_noisy_mean_clips_to_the_sensitivity_and_adds_noise_of_the_right_size() -> None:

@@ -7,24 +7,31 @@ import math
 import numpy as np
 import pytest
 import torch
+from method_helpers import encode
 
-from fedsketch.client_side import ClientInput, ClientOptions, RoundInfo, encode
 from fedsketch.compress import payload_nbytes
 from fedsketch.compress.signsgd import majority_vote
 from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.config import ConfigError, RunConfig, check_against_model
-from fedsketch.methods import MethodOptions, client_state_bytes, upload_for
+from fedsketch.methods import compressed, get_method
+from fedsketch.validate import client_state_bytes
 
 D = 1000
-INFO = RoundInfo(server_round=1, sketch_seed=0, sketch_rows=1, sketch_cols=1)
+KEYS = {"qsgd_levels": "qsgd-levels", "bucket_size": "quantizer-bucket-size", "signsgd_variant": "signsgd-variant"}
 
 
 def vector(seed: int = 0, d: int = D) -> torch.Tensor:
     return torch.randn(d, generator=torch.Generator().manual_seed(seed))
 
 
-def client(strategy: str, **method: object) -> ClientOptions:
-    return ClientOptions(strategy=strategy, seed=7, method=MethodOptions(**{"k": 10, **method}))  # type: ignore[arg-type]
+def client(strategy: str, **method: object) -> RunConfig:
+    settings = {KEYS.get(key, key): value for key, value in {"k": 10, **method}.items()}
+    return RunConfig.from_mapping({"strategy": strategy, "seed": 7, **settings})
+
+
+def state_bytes(strategy: str, d: int, clients: int, **settings: object) -> int:
+    cfg = RunConfig.from_mapping({"strategy": strategy, "num-clients": clients, "clients-per-round": 1, **settings})
+    return client_state_bytes(cfg, d)
 
 
 @pytest.mark.parametrize(
@@ -43,13 +50,13 @@ def client(strategy: str, **method: object) -> ClientOptions:
     ],
 )
 def test_one_payload_has_the_exact_byte_count(strategy: str, options: dict[str, object], nbytes: int) -> None:
-    payload, _ = encode(client(strategy, **options), vector(), ClientInput(cid=3, info=INFO))
+    payload, _ = encode(client(strategy, **options), vector(), cid=3)
     assert payload_nbytes(payload) == nbytes
 
 
 def test_gaussiank_lands_near_k_and_never_above_it() -> None:
     opts = client("gaussiank", k=50)
-    payload, _ = encode(opts, vector(d=20_000), ClientInput(cid=0, info=INFO))
+    payload, _ = encode(opts, vector(d=20_000), cid=0)
     assert 50 * 2 / 3 <= payload["val"].size <= 50
 
 
@@ -63,10 +70,9 @@ def test_client_error_feedback_conserves_mass(strategy: str, options: dict[str, 
     state: dict[str, torch.Tensor] = {}
     sent, total = torch.zeros(D, dtype=torch.float64), torch.zeros(D, dtype=torch.float64)
     for rnd in range(1, 8):
-        info = RoundInfo(server_round=rnd, sketch_seed=0, sketch_rows=1, sketch_cols=1)
         update = vector(rnd)
-        payload, state = encode(opts, update, ClientInput(cid=5, info=info, state=state))
-        upload = upload_for(strategy, D, opts.method)
+        payload, state = encode(opts, update, cid=5, server_round=rnd, state=state)
+        upload = compressed.upload(opts, D)
         sent += upload.compressor.decompress(payload, seed=upload.seed(opts.seed, rnd)).double()
         total += update.double()
     assert set(state) == {"error"}
@@ -77,12 +83,11 @@ def test_client_error_feedback_conserves_mass(strategy: str, options: dict[str, 
 def test_unbiased_quantizers_average_to_the_update_over_clients_and_rounds(strategy: str) -> None:
     """Every (round, client) draws its own rounding noise, so their mean is unbiased; no state is kept."""
     opts, x = client(strategy, qsgd_levels=2, bucket_size=0), vector(d=40)
-    upload = upload_for(strategy, 40, opts.method)
+    upload = compressed.upload(opts, 40)
     total, n = torch.zeros(40, dtype=torch.float64), 0
     for rnd in range(1, 41):
-        info = RoundInfo(server_round=rnd, sketch_seed=0, sketch_rows=1, sketch_cols=1)
         for cid in range(50):
-            payload, state = encode(opts, x, ClientInput(cid=cid, info=info))
+            payload, state = encode(opts, x, cid=cid, server_round=rnd)
             assert state == {}
             total += upload.compressor.decompress(payload).double()
             n += 1
@@ -95,8 +100,7 @@ def test_random_k_clients_of_a_round_share_coordinates_and_rounds_differ() -> No
     opts = client("random_k", k=20)
     supports = {}
     for rnd, cid in [(1, 0), (1, 1), (2, 0)]:
-        info = RoundInfo(server_round=rnd, sketch_seed=0, sketch_rows=1, sketch_cols=1)
-        payload, _ = encode(opts, torch.arange(1.0, D + 1), ClientInput(cid=cid, info=info))
+        payload, _ = encode(opts, torch.arange(1.0, D + 1), cid=cid, server_round=rnd)
         supports[rnd, cid] = set(payload["val"].astype(int).tolist())  # values are the positions + 1 here
     assert supports[1, 0] == supports[1, 1] != supports[2, 0]
 
@@ -104,12 +108,12 @@ def test_random_k_clients_of_a_round_share_coordinates_and_rounds_differ() -> No
 def test_majority_voters_break_zeros_at_random_and_reproducibly() -> None:
     """A zero gradient must not vote '+' every round (its coordinate would drift)."""
     opts = client("signsgd", signsgd_variant="majority")
-    upload = upload_for("signsgd", D, opts.method)
+    upload = compressed.upload(opts, D)
     x = vector()
     x[::2] = 0.0  # half the coordinates have no gradient
-    first, _ = encode(opts, x, ClientInput(cid=1, info=INFO))
-    again, _ = encode(opts, x, ClientInput(cid=1, info=INFO))
-    other, _ = encode(opts, x, ClientInput(cid=2, info=INFO))
+    first, _ = encode(opts, x, cid=1)
+    again, _ = encode(opts, x, cid=1)
+    other, _ = encode(opts, x, cid=2)
     assert np.array_equal(first["sign"], again["sign"]) and not np.array_equal(first["sign"], other["sign"])
     signs = torch.sign(upload.compressor.decompress(first))
     assert torch.equal(signs[1::2], torch.sign(x[1::2]))
@@ -134,26 +138,32 @@ def test_supports_round_trip_in_the_smallest_encoding(k: int, varint: bool, key:
 
 
 def test_client_state_estimate_and_refusal_before_training() -> None:
-    """The issue's example: local top-k, 10,000 clients at d = 10^6 keep 40 GB."""
-    assert client_state_bytes("local_topk", 10**6, 10_000, momentum=0.9) == 40 * 10**9
-    assert client_state_bytes("sketched_sgd", 10**6, 10_000, momentum=0.9) == 80 * 10**9
-    assert client_state_bytes("sketched_sgd", 10**6, 10_000, momentum=0.0) == 40 * 10**9
-    assert client_state_bytes("signsgd", 10**6, 10_000, momentum=0.9, signsgd_variant="majority") == 0
+    """Local top-k, 10,000 clients at d = 10^6: 40 GB committed, and as much again pending."""
+    assert state_bytes("local_topk", 10**6, 10_000, momentum=0.9) == 80 * 10**9
+    assert state_bytes("sketched_sgd", 10**6, 10_000, momentum=0.9) == 160 * 10**9
+    assert state_bytes("sketched_sgd", 10**6, 10_000, momentum=0.0) == 80 * 10**9
+    assert state_bytes("signsgd", 10**6, 10_000, momentum=0.9, **{"signsgd-variant": "majority"}) == 0
     for stateless in ("fedavg", "true_topk", "qsgd", "terngrad", "fetchsgd"):
-        assert client_state_bytes(stateless, 10**6, 10_000, momentum=0.9) == 0
+        assert state_bytes(stateless, 10**6, 10_000, momentum=0.9) == 0
     cfg = RunConfig(strategy="local_topk", num_clients=10_000, clients_per_round=10, k=100)
-    with pytest.raises(ConfigError, match=r"10,000 clients x 3.8 MiB = 37.25 GiB .* 'max-client-state-mb' \(4096\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"committed and pending: 10,000 clients x 7.6 MiB = 74.51 GiB .* 'max-client-state-mb' \(4096\)",
+    ):
         check_against_model(cfg, d=10**6)
     check_against_model(RunConfig(strategy="fetchsgd", num_clients=10_000, clients_per_round=10, k=100), d=10**6)
 
 
 def test_sketched_sgd_candidates_must_fit_the_model() -> None:
-    cfg = RunConfig(strategy="sketched_sgd", k=400, candidate_factor=3, num_clients=10, clients_per_round=2)
+    cfg = RunConfig.from_mapping(
+        {"strategy": "sketched_sgd", "k": 400, "candidate-factor": 3, "num-clients": 10, "clients-per-round": 2}
+    )
     with pytest.raises(ConfigError, match=r"'candidate-factor' x 'k' \(3 x 400\) exceeds the model's 1000"):
         check_against_model(cfg, d=1000)
 
 
 def test_unknown_or_sketch_strategies_have_no_compressed_upload() -> None:
-    for name in ("fetchsgd", "sketched_sgd", "nope"):
-        with pytest.raises(ValueError, match="has no compressed upload"):
-            upload_for(name, D, MethodOptions(k=1))
+    for name in ("fetchsgd", "sketched_sgd"):
+        assert name not in compressed.UPLOADS and get_method(name).encode is not compressed.encode
+    with pytest.raises(ConfigError, match="unknown strategy 'nope'"):
+        get_method("nope")

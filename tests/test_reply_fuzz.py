@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, copy_content, task_identity
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clients.messages import model_record
+from experiments.inprocess import InProcessGrid, copy_content, task_identity
 from fedsketch import wire
-from fedsketch.config import STRATEGIES, RunConfig
-from strategies.base import FedSketchStrategy
-from strategies.records import model_record
+from fedsketch.config import RunConfig
+from fedsketch.methods import NAMES as STRATEGIES
 from strategies.server_app import build_strategy
+from strategies.strategy import FedSketchStrategy
 
 TINY = {
     "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "num-rounds": 3,
@@ -57,7 +58,8 @@ def honest(name: str) -> Honest:
     with task_identity():
         requests = strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid)
         replies = grid.send_and_receive(requests)
-    return Honest(cfg, grid, replies, dict(strat._sent), dict(strat._echo))
+    assert strat.plan is not None
+    return Honest(cfg, grid, replies, dict(strat.plan.sent), dict(strat.plan.echo))
 
 
 # ------------------------------------------------------------------ corruptions of one client's entries
@@ -263,8 +265,10 @@ def _clone(msg: Message, src: int | None = None) -> Message:
 
 
 def _round(strat: FedSketchStrategy, h: Honest, replies: list[Message]) -> None:
+    """One round on a copy of the honest grid: a second exchange (PowerSGD) uses, and changes, the nodes' state."""
     with task_identity():
-        strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), h.grid)
+        grid = copy.deepcopy(h.grid)
+        strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid)
         strat.aggregate_train(1, replies)
 
 
@@ -318,8 +322,8 @@ def check_attack(name: str, attacks: list[tuple[int, int, int]], node_attack: tu
     _round(reference, h, list(clean.values()))
     assert torch.equal(attacked.weights, reference.weights)
     assert _states_equal(getattr(attacked, "state", None), getattr(reference, "state", None))
-    assert attacked._totals["failures"] == len(hit) == reference._totals["failures"]
-    assert attacked._totals["clients"] == len(slots) - len(hit)
+    assert attacked.books.totals["failures"] == len(hit) == reference.books.totals["failures"]
+    assert attacked.books.totals["clients"] == len(slots) - len(hit)
 
 
 ATTACKS = st.lists(
@@ -361,5 +365,5 @@ def test_a_node_that_names_a_client_not_its_own_is_refused() -> None:
         del second.content[key]
     w0 = strat.weights.clone()
     strat.aggregate_train(1, [first, second])
-    assert strat._totals["clients"] == 1 and strat._totals["rejected"] == 1
+    assert strat.books.totals["clients"] == 1 and strat.books.totals["rejected"] == 1
     assert not torch.equal(strat.weights, w0)

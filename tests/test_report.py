@@ -3,7 +3,7 @@
 Each run goes through :func:`experiments.runner.run_all` as ``fedsketch run`` does;
 only Flower's transport is replaced: the run config is read back from the
 ``run_config.toml`` the runner wrote, and the ServerApp's strategy is driven
-with the real ClientApp in process (``flower_fakes.InProcessGrid``). Every
+with the real ClientApp in process (``experiments.inprocess.InProcessGrid``). Every
 number the figures and the report show is then recomputed here from the
 ``metrics.jsonl`` files, independently of ``experiments/results.py``.
 """
@@ -19,11 +19,11 @@ from typing import cast
 
 import numpy as np
 import pytest
-from flower_fakes import InProcessGrid, task_identity
 from flwr.serverapp import Grid
 
 from experiments import runner
 from experiments.cli import main as fedsketch_main
+from experiments.inprocess import InProcessGrid, task_identity
 from experiments.plots import PARETO, plot_experiment
 from experiments.report import reach, write_report
 from experiments.results import RunGroup, bytes_to_target, pareto_front, summarize

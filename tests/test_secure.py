@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
 
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
-from strategies.base import FedSketchStrategy
-from strategies.replies import ClientUpdate
+from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import quantization_error
 from strategies.server_app import build_strategy
+from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
     "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3,
@@ -27,13 +28,13 @@ def one_round(cfg: RunConfig, out: Path, nodes: int) -> tuple[FedSketchStrategy,
     """Run one round; return the strategy, the updates its step received, and the metrics row."""
     strat = build_strategy(cfg, out)
     seen: list[ClientUpdate] = []
-    step = strat.apply
+    step = strat.method.step
 
-    def recording(server_round: int, updates: list[ClientUpdate], weights: torch.Tensor) -> torch.Tensor:
-        seen.extend(updates)
-        return step(server_round, updates, weights)
+    def recording(state: object, rnd: Round, cfg: RunConfig) -> tuple[object, torch.Tensor]:
+        seen.extend(rnd.updates)
+        return step(state, rnd, cfg)
 
-    strat.apply = recording  # type: ignore[method-assign]
+    strat.method = dataclasses.replace(strat.method, step=recording)
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flower_fakes import InProcessGrid
 from flwr.server.superlink.linkstate import LinkStateFactory
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
@@ -12,6 +11,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from experiments.cli import main
+from experiments.inprocess import InProcessGrid
 from experiments.launch import Federation, gpus_per_node
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner

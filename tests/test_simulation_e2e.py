@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.launch import free_port, stop_env_processes, stop_pid_group
-from strategies.records import client_metrics, payload_to_record, wire_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flower_fakes import InProcessGrid, task_identity
 from flwr.app import Message
 
+from clients.messages import payload_to_record, wire_bytes
+from experiments.inprocess import InProcessGrid, task_identity
 from experiments.plots_fidelity import FIGURE, plot_fidelity
 from fedsketch import checkpoint, wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig
-from strategies.fetchsgd import FetchSGD
-from strategies.records import payload_to_record, wire_bytes
+from fedsketch.methods import fetchsgd as fetchsgd_method
 from strategies.server_app import build_strategy
+from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
     "num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 40, "sketch-rows": 3,
@@ -38,11 +39,11 @@ SETTINGS = {
 TIMING = ("wall_s", "unix_time")
 
 
-def run(out: Path, settings: dict[str, Any], tamper: Any = None) -> tuple[FetchSGD, list[dict[str, Any]]]:
+def run(out: Path, settings: dict[str, Any], tamper: Any = None) -> tuple[FedSketchStrategy, list[dict[str, Any]]]:
     """A FetchSGD run in process through the real ClientApp; returns the strategy and its metrics rows."""
     cfg = RunConfig.from_mapping({**SETTINGS, **settings})
     strat = build_strategy(cfg, out)
-    assert isinstance(strat, FetchSGD)
+    assert strat.cfg.strategy == "fetchsgd"
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))  # type: ignore[arg-type]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -50,7 +51,7 @@ def run(out: Path, settings: dict[str, Any], tamper: Any = None) -> tuple[FetchS
 
 
 @pytest.fixture(scope="module")
-def on_and_off(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[FetchSGD, list[dict[str, Any]]]]:
+def on_and_off(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[FedSketchStrategy, list[dict[str, Any]]]]:
     base = tmp_path_factory.mktemp("fidelity")
     return {on: run(base / str(on), {"diagnose-sketch": on}) for on in (False, True)}
 
@@ -59,9 +60,11 @@ def test_the_fetchsgd_step_is_bit_identical_with_the_diagnostic_on_and_off(on_an
     (off, off_rows), (on, on_rows) = on_and_off[False], on_and_off[True]
     assert torch.equal(off.weights, on.weights)
     assert isinstance(on.state, fidelity.FidelityState) and isinstance(off.state, fetchsgd.FetchSGDState)
-    assert torch.equal(off.state.momentum, on.sketched.momentum) and torch.equal(off.state.error, on.sketched.error)
+    assert torch.equal(off.state.momentum, on.state.sketched.momentum) and torch.equal(
+        off.state.error, on.state.sketched.error
+    )
     extra = ("diagnostic_bytes", "cum_diagnostic_bytes", "sketch_recall", "sketch_rel_error", "sketch_state_drift",
-             "sketch_rounds")  # fmt: skip
+             "sketch_topk_mass", "sketch_rounds")  # fmt: skip
     assert [{k: v for k, v in r.items() if k not in (*TIMING, *extra)} for r in on_rows] == [
         {k: v for k, v in r.items() if k not in TIMING} for r in off_rows
     ]
@@ -91,11 +94,16 @@ def test_the_plot_draws_the_metrics_rows(on_and_off: Any, tmp_path: Path) -> Non
         plot_fidelity(on_and_off[False][0].out_dir, tmp_path)
 
 
-def test_a_sketch_that_recovers_exactly_has_recall_one_and_no_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("placement", fetchsgd.LR_PLACEMENTS)
+def test_a_sketch_that_recovers_exactly_has_recall_one_and_no_error(tmp_path: Path, placement: str) -> None:
     # d = 1,418 coordinates in 5 rows of 50,000 buckets: a coordinate shares a bucket in a row with
-    # probability ~3%, so the median of its 5 rows is exact; so is the merge, bucket by bucket.
-    _, rows = run(tmp_path, {"diagnose-sketch": True, "sketch-rows": 5, "sketch-cols": 50_000,
-                             "error-feedback": "subtract"})  # fmt: skip
+    # probability ~3%, so the median of its 5 rows is exact; so is the merge, bucket by bucket. Under a
+    # decaying learning rate the two lr placements train differently; the shadow must follow either.
+    strat, rows = run(tmp_path, {"diagnose-sketch": True, "sketch-rows": 5, "sketch-cols": 50_000,
+                                 "error-feedback": "subtract", "lr-schedule": "linear",
+                                 "lr-placement": placement})  # fmt: skip
+    assert fetchsgd_method.params(strat.cfg, strat.d).lr_placement == placement
+    assert all(0.0 < r["sketch_topk_mass"] <= 1.0 for r in rows)
     assert [r["sketch_recall"] for r in rows] == [1.0] * len(rows)
     assert max(r["sketch_rel_error"] for r in rows) < 1e-6
     assert max(r["sketch_state_drift"] for r in rows) < 1e-5
@@ -107,18 +115,20 @@ def test_a_tiny_sketch_misses_part_of_the_true_top_k(tmp_path: Path) -> None:
     assert min(r["sketch_rel_error"] for r in rows) > 0.1
 
 
+@pytest.mark.parametrize("placement", fetchsgd.LR_PLACEMENTS)
 @pytest.mark.parametrize("variant", ["subtract", "zero-buckets"])
-def test_the_shadow_is_what_the_sketch_holds_under_subtract_only(variant: str) -> None:
+def test_the_shadow_is_what_the_sketch_holds_under_subtract_only(variant: str, placement: str) -> None:
     """Under ``subtract`` every sketch operation is linear: the error sketch is the sketch of the shadow's error."""
     d = 3_000
-    params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=300, seed=4, k=60, momentum=0.9, error_feedback=variant)
+    params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=300, seed=4, k=60, momentum=0.9, error_feedback=variant,
+                                     lr_placement=placement)  # fmt: skip
     gen = torch.Generator().manual_seed(5)
     state = fidelity.init(params)
     reports = []
-    for _ in range(5):
+    for t in range(5):
         g = torch.randn(d, generator=gen) * (torch.rand(d, generator=gen) < 0.2)
         merged = params.empty_sketch().accumulate(g).table.clone()
-        state, _, rep = fidelity.step(state, merged, g, params, lr=0.1)
+        state, _, rep = fidelity.step(state, merged, g, params, lr=0.1 * (1 - t / 5))
         reports.append(rep)
     assert all(r.recall < 1.0 for r in reports)  # the sketch is too small to recover exactly
     if variant == "subtract":
@@ -135,9 +145,11 @@ def test_the_shadow_is_what_the_sketch_holds_under_subtract_only(variant: str) -
 def test_the_diagnosed_state_survives_a_checkpoint(on_and_off: Any) -> None:
     on, _ = on_and_off[True]
     tree = checkpoint.state_to_tree(on.state)
-    back = checkpoint.state_from_tree(fidelity.init(on.params), tree)
+    back = checkpoint.state_from_tree(on.method.init(on.cfg, on.d, on.weights.device), tree)
     assert isinstance(back, fidelity.FidelityState) and isinstance(on.state, fidelity.FidelityState)
-    assert torch.equal(back.shadow.error, on.state.shadow.error) and torch.equal(back.sketched.error, on.sketched.error)
+    assert torch.equal(back.shadow.error, on.state.shadow.error) and torch.equal(
+        back.sketched.error, on.state.sketched.error
+    )
 
 
 def test_malformed_diagnostic_arrays_are_rejected_and_the_round_goes_on(
@@ -190,3 +202,10 @@ def test_malformed_diagnostic_arrays_are_rejected_and_the_round_goes_on(
 def test_the_diagnostic_is_refused_where_it_does_not_apply(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_mapping({"diagnose-sketch": True, **settings})
+
+
+def test_topk_mass_is_the_share_of_the_squared_norm_in_the_top_k() -> None:
+    error = torch.tensor([3.0, -4.0, 0.0, 1.0, -1.0, 0.0])
+    assert fidelity.topk_mass(error, 2) == pytest.approx(25 / 27)
+    assert fidelity.topk_mass(error, 4) == 1.0
+    assert np.isnan(fidelity.topk_mass(torch.zeros(5), 2))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedsketch import CountSketch
 from fedsketch.algorithms import sketched_sgd
-from fedsketch.client_side import ClientInput, ClientOptions, RoundInfo, answer_query, encode
 from fedsketch.compress.sparse import encode_support
-from fedsketch.methods import MethodOptions
+from fedsketch.config import RunConfig
+from fedsketch.methods import ClientJob
+from fedsketch.methods.sketched_sgd import METHOD, answer
 
 D = 2_000
 
@@ -24,13 +26,13 @@ def grads(n: int, seed: int) -> list[torch.Tensor]:
 
 def test_second_phase_returns_the_exact_values_of_the_clients_error() -> None:
     """Whatever the sketch estimates, phase 2 reads ``v_i`` itself, bit for bit."""
-    opts = ClientOptions(strategy="sketched_sgd", method=MethodOptions(k=10), momentum=0.9, candidate_factor=3)
-    info = RoundInfo(server_round=1, sketch_seed=4, sketch_rows=3, sketch_cols=50)  # a poor sketch on purpose
+    cfg = RunConfig.from_mapping({"strategy": "sketched_sgd", "k": 10, "momentum": 0.9, "candidate-factor": 3})
+    rc = {"sketch-seed": 4, "sketch-rows": 3, "sketch-cols": 50}  # a poor sketch on purpose
     g = grads(1, 0)[0]
-    _, state = encode(opts, g, ClientInput(cid=0, info=info))
+    _, state = METHOD.encode(g, ClientJob(0, 1, rc), cfg)
     cands = torch.tensor([3, 17, 999, 1500])
-    answer = answer_query(state, encode_support(cands, D))
-    assert torch.equal(torch.from_numpy(answer["val"]), state["error"][cands])
+    values, _ = answer(state, encode_support(cands, D), cfg)
+    assert torch.equal(torch.from_numpy(values["val"]), state["error"][cands])
     assert torch.equal(state["error"], g)  # first round, zero momentum before: v = u = g
 
 
@@ -55,7 +57,11 @@ def test_candidates_contain_the_true_top_k_and_the_update_is_exact() -> None:
 
 
 def test_error_accumulation_conserves_mass_over_rounds() -> None:
-    """Every client takes part: applied updates plus the clients' remaining error equal the sum of updates."""
+    """Every client takes part: applied updates plus the clients' remaining error equal the sum of updates.
+
+    That holds whichever coordinates are applied, so each round's update is also
+    checked to be the top-k of the exact sums among the P * k largest estimates.
+    """
     p = params(k=15, cols=500)  # a small sketch: candidates are approximate, conservation still exact
     server = sketched_sgd.ServerState()
     states: dict[int, sketched_sgd.ClientState | None] = dict.fromkeys(range(3))
@@ -67,9 +73,16 @@ def test_error_accumulation_conserves_mass_over_rounds() -> None:
             states[cid], table = sketched_sgd.client_step(states[cid], g, p, pending)
             tables.append(table)
             total += g.double() / 3
-        cands = sketched_sgd.candidates(torch.as_tensor(sum(t / 3 for t in tables)), p)
-        exact = sum(sketched_sgd.client_answer(s, cands) / 3 for s in states.values() if s is not None)
-        server, idx, vals = sketched_sgd.server_step(server, p, cands, torch.as_tensor(exact), [0, 1, 2], [0, 1, 2])
+        merged = torch.as_tensor(sum(t / 3 for t in tables))
+        cands = sketched_sgd.candidates(merged, p)
+        estimates = CountSketch.from_table(merged, D, p.seed).estimate()
+        largest = torch.sort(estimates.abs(), descending=True, stable=True).indices[: p.num_candidates]
+        assert torch.equal(cands, largest.sort().values)
+        exact = torch.as_tensor(sum(sketched_sgd.client_answer(s, cands) / 3 for s in states.values() if s is not None))
+        server, idx, vals = sketched_sgd.server_step(server, p, cands, exact, [0, 1, 2], [0, 1, 2])
+        top = torch.topk(exact.abs(), p.k).indices
+        assert torch.equal(idx.sort().values, cands[top].sort().values)
+        assert sorted(vals.tolist()) == sorted(exact[top].tolist())
         applied[idx] += vals.double()
     remaining = torch.zeros(D, dtype=torch.float64)
     for cid, s in states.items():
@@ -105,4 +118,4 @@ def test_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError, match="candidate_factor \\* k must be in 1..d=2000"):
         sketched_sgd.SketchedSGDParams(d=D, rows=5, cols=10, seed=0, k=1000, candidate_factor=3)
     with pytest.raises(ValueError, match="no Sketched-SGD state"):
-        answer_query({}, encode_support(torch.tensor([1]), D))
+        answer({}, encode_support(torch.tensor([1]), D), RunConfig.from_mapping({"strategy": "sketched_sgd"}))

@@ -14,6 +14,24 @@ accumulation *inside sketch space*:
 
 All state is on the server, so clients are stateless and may take part once.
 
+Where the learning rate multiplies differs between the paper's sources; both
+are offered (``lr_placement``):
+
+``error``
+    ``S_e += lr * S_u`` and ``w -= Delta``, as above: Algorithm 1 of the paper
+    (line 12, "Error feedback: S_e = eta S_u + S_e").
+``update``
+    ``S_e += S_u`` and ``w -= lr * Delta``: FetchSGD's reference code
+    (github.com/kiddyboots216/CommEfficient, ``fed_aggregator.py``,
+    ``_server_helper_sketched``: ``Verror += Vvelocity`` ... ``return update * lr``).
+
+At a constant learning rate the two are the same algorithm (the error sketch
+of ``update`` is that of ``error`` divided by lr, so top-k picks the same
+coordinates and the applied values agree). Under a schedule they differ:
+``error`` weighs each round's momentum by that round's rate, ``update`` applies
+today's rate to everything still accumulated, so error left over from early
+rounds is applied at a decayed rate.
+
 How the error (and momentum) sketches are "zeroed at Delta's support" differs
 between the paper's sources; both are offered as named variants:
 
@@ -38,6 +56,7 @@ import torch
 from fedsketch.sketch import CountSketch
 
 VARIANTS = ("subtract", "zero-buckets")
+LR_PLACEMENTS = ("error", "update")
 
 
 @dataclass(frozen=True)
@@ -57,10 +76,13 @@ class FetchSGDParams:
     momentum: float = 0.9
     error_feedback: str = "subtract"
     momentum_zeroing: bool = True
+    lr_placement: str = "error"
 
     def __post_init__(self) -> None:
         if self.error_feedback not in VARIANTS:
             raise ValueError(f"error_feedback must be one of {VARIANTS}; got {self.error_feedback!r}")
+        if self.lr_placement not in LR_PLACEMENTS:
+            raise ValueError(f"lr_placement must be one of {LR_PLACEMENTS}; got {self.lr_placement!r}")
         if not 1 <= self.k <= self.d:
             raise ValueError(f"k must be in 1..d={self.d}; got {self.k}")
         if not 0.0 <= self.momentum < 1.0:
@@ -73,7 +95,8 @@ class FetchSGDParams:
 
 @dataclass(frozen=True)
 class FetchSGDState:
-    """Momentum sketch S_u and error sketch S_e (both ``rows x cols`` tables)."""
+    """Momentum S_u and error S_e: ``rows x cols`` sketch tables here; in the fidelity diagnostic's
+    dense shadow (:mod:`fedsketch.algorithms.fidelity`), the length-d vectors they stand for."""
 
     momentum: torch.Tensor
     error: torch.Tensor
@@ -81,10 +104,15 @@ class FetchSGDState:
 
 @dataclass(frozen=True)
 class FetchSGDUpdate:
-    """What one step applies: ``w -= dense(indices, values)``."""
+    """What one step applies, ``w -= dense(indices, values)``, and what it took out of the error accumulator.
+
+    ``taken`` are the unsketched estimates at ``indices``; ``values`` is
+    ``taken`` under ``lr_placement = "error"`` and ``lr * taken`` under ``"update"``.
+    """
 
     indices: torch.Tensor
     values: torch.Tensor
+    taken: torch.Tensor
 
     def dense(self, d: int) -> torch.Tensor:
         """The update as a dense vector of length ``d``."""
@@ -97,6 +125,11 @@ def init(params: FetchSGDParams, device: torch.device | str | None = None) -> Fe
     """Zero momentum and error sketches."""
     table = params.empty_sketch(device).table
     return FetchSGDState(momentum=torch.zeros_like(table), error=torch.zeros_like(table))
+
+
+def lr_factors(lr_placement: str, lr: float) -> tuple[float, float]:
+    """Where this round's ``lr`` multiplies: ``(into the error accumulator, onto the applied update)``."""
+    return (lr, 1.0) if lr_placement == "error" else (1.0, lr)
 
 
 def step(
@@ -121,8 +154,9 @@ def step(
     """
     if merged.shape != state.error.shape:
         raise ValueError(f"merged table has shape {tuple(merged.shape)}; expected {tuple(state.error.shape)}")
+    into_error, onto_update = lr_factors(params.lr_placement, lr)
     momentum = params.momentum * state.momentum + merged
-    error = state.error + lr * momentum
+    error = state.error + into_error * momentum
     error_sketch = CountSketch.from_table(error, params.d, params.seed)
     indices, values = error_sketch.topk(params.k)
     error = _take_out(error_sketch, indices, values, params.error_feedback)
@@ -130,7 +164,8 @@ def step(
         momentum_sketch = CountSketch.from_table(momentum, params.d, params.seed)
         estimate = momentum_sketch.estimate(indices)
         momentum = _take_out(momentum_sketch, indices, estimate, params.error_feedback)
-    return FetchSGDState(momentum=momentum, error=error), FetchSGDUpdate(indices, values)
+    applied = values if onto_update == 1.0 else onto_update * values
+    return FetchSGDState(momentum=momentum, error=error), FetchSGDUpdate(indices, applied, values)
 
 
 def _take_out(sketch: CountSketch, indices: torch.Tensor, values: torch.Tensor, variant: str) -> torch.Tensor:

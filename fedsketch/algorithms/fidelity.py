@@ -15,6 +15,11 @@ than its own top-k, so that it follows FetchSGD's trajectory::
     Delta_true = top-k(e)            (exact values of e at its k largest |e|)
     take FetchSGD's Delta out of e and u, as the sketch does
 
+With ``lr_placement = "update"`` (the reference code's) the shadow mirrors it:
+``e = e + u``, ``Delta_true = lr * top-k(e)``, and what is taken out of ``e``
+is the unscaled estimate (:attr:`fetchsgd.FetchSGDUpdate.taken`), exactly as
+in the sketch.
+
 Each round then compares FetchSGD's ``Delta`` with ``Delta_true``:
 
 ``recall``
@@ -24,6 +29,12 @@ Each round then compares FetchSGD's ``Delta`` with ``Delta_true``:
 ``state_drift``
     ``||S_e - S(e)||_F / ||S(e before take-out)||_F``: how far the sketched
     error has moved from the sketch of the shadow's.
+``topk_mass``
+    ``||top-k(e)||^2 / ||e||^2``: how much of the shadow's error its own top-k
+    holds. A Count Sketch estimates each coordinate to within about
+    ``||e - top-k(e)|| / sqrt(cols)``, so recall needs this near 1; error
+    accumulation spreads ``e`` over the coordinates not yet applied, and
+    lowers it as a run goes on.
 
 Why this reference: under ``error-feedback = "subtract"`` every operation on
 the sketch is linear, ``S_e - S(Delta) = S(e - Delta)`` and likewise for the
@@ -55,16 +66,8 @@ import torch
 from fedsketch.algorithms import fetchsgd
 from fedsketch.sketch import CountSketch
 
-TALLY = ("rounds", "recall", "rel_error", "state_drift")
+TALLY = ("rounds", "recall", "rel_error", "state_drift", "topk_mass")
 """What :attr:`FidelityState.tally` holds, in order: rounds measured, then sums of each figure over them."""
-
-
-@dataclass(frozen=True)
-class ShadowState:
-    """The dense momentum ``u`` and error ``e`` that FetchSGD's sketches stand for (float32, length d)."""
-
-    momentum: torch.Tensor
-    error: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ class FidelityState:
 
     # FetchSGD's own state, stepped exactly as without the diagnostic
     sketched: fetchsgd.FetchSGDState
-    # the dense reference
-    shadow: ShadowState
+    # the dense reference: the momentum u and error e the sketches stand for (float32, length d)
+    shadow: fetchsgd.FetchSGDState
     # statistics: float64 sums in the order of TALLY
     tally: torch.Tensor
 
@@ -92,6 +95,7 @@ class FidelityReport:
     rel_error: float
     state_drift: float
     rounds: int
+    topk_mass: float = float("nan")
 
 
 def init(params: fetchsgd.FetchSGDParams, device: torch.device | str | None = None) -> FidelityState:
@@ -99,7 +103,7 @@ def init(params: fetchsgd.FetchSGDParams, device: torch.device | str | None = No
     zeros = torch.zeros(params.d, dtype=torch.float32, device=device)
     return FidelityState(
         sketched=fetchsgd.init(params, device),
-        shadow=ShadowState(momentum=zeros, error=zeros.clone()),
+        shadow=fetchsgd.FetchSGDState(momentum=zeros, error=zeros.clone()),
         tally=torch.zeros(len(TALLY), dtype=torch.float64, device=device),
     )
 
@@ -127,16 +131,19 @@ def step(
     if true_mean.shape != (params.d,):
         raise ValueError(f"true mean has shape {tuple(true_mean.shape)}; expected ({params.d},)")
     sketched, update = fetchsgd.step(state.sketched, merged, params, lr)
+    into_error, onto_update = fetchsgd.lr_factors(params.lr_placement, lr)
     u = params.momentum * state.shadow.momentum + true_mean.to(state.shadow.momentum)
-    e = state.shadow.error + lr * u
-    recall, rel_error = compare(update, e, params.k)
+    e = state.shadow.error + into_error * u
+    recall, rel_error = compare(update, e if onto_update == 1.0 else onto_update * e, params.k)
+    mass = topk_mass(e, params.k)
     before = _sketch_norm(e, params)
     u, e = _take_out(u, e, update, state.sketched.momentum, merged, params)
     drift = _relative(float(torch.linalg.vector_norm((sketched.error - _sketch(e, params)).double())), before)
-    report = FidelityReport(recall, rel_error, drift, 1)
-    measured = [1.0, recall, rel_error, drift] if math.isfinite(rel_error) and math.isfinite(drift) else [0.0] * 4
+    report = FidelityReport(recall, rel_error, drift, 1, mass)
+    figures = [1.0, recall, rel_error, drift, mass]
+    measured = figures if all(math.isfinite(x) for x in figures) else [0.0] * len(TALLY)
     tally = state.tally + torch.tensor(measured, dtype=torch.float64, device=state.tally.device)
-    return FidelityState(sketched, ShadowState(momentum=u, error=e), tally), update, report
+    return FidelityState(sketched, fetchsgd.FetchSGDState(momentum=u, error=e), tally), update, report
 
 
 def compare(update: fetchsgd.FetchSGDUpdate, error: torch.Tensor, k: int) -> tuple[float, float]:
@@ -156,11 +163,19 @@ def compare(update: fetchsgd.FetchSGDUpdate, error: torch.Tensor, k: int) -> tup
     return recall, float(torch.linalg.vector_norm(diff)) / norm if norm > 0 else float("nan")
 
 
+def topk_mass(error: torch.Tensor, k: int) -> float:
+    """``||top-k(error)||^2 / ||error||^2`` (NaN for a zero vector)."""
+    squares = error.double().square()
+    total = float(squares.sum())
+    return float(torch.topk(squares, k, sorted=False).values.sum()) / total if total > 0 else float("nan")
+
+
 def report(state: FidelityState) -> tuple[FidelityState, FidelityReport]:
     """The average of the rounds tallied since the last report, and the state with the tally emptied."""
-    rounds, recall, rel_error, drift = state.tally.tolist()
-    recall, rel_error, drift = (total / rounds if rounds else float("nan") for total in (recall, rel_error, drift))
-    return replace(state, tally=torch.zeros_like(state.tally)), FidelityReport(recall, rel_error, drift, int(rounds))
+    rounds, *totals = state.tally.tolist()
+    recall, rel_error, drift, mass = (total / rounds if rounds else float("nan") for total in totals)
+    emptied = replace(state, tally=torch.zeros_like(state.tally))
+    return emptied, FidelityReport(recall, rel_error, drift, int(rounds), mass)
 
 
 def _take_out(
@@ -169,15 +184,17 @@ def _take_out(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Remove FetchSGD's ``Delta`` from the shadow as its variant removes it from the sketches.
 
-    ``subtract``: ``e -= Delta`` and ``u -= `` the momentum sketch's own
-    estimates at Delta's support (what ``S_u -= S(estimate)`` removes), so the
-    shadow stays the preimage of the sketches. ``zero-buckets``: zero ``e`` and
+    ``subtract``: ``e -=`` what the step took out of the error sketch
+    (``Delta``, or ``Delta / lr`` under ``lr_placement = "update"``) and
+    ``u -=`` the momentum sketch's own estimates at Delta's support (what
+    ``S_u -= S(estimate)`` removes), so the shadow stays the preimage of the
+    sketches. ``zero-buckets``: zero ``e`` and
     ``u`` at the support.
     """
     e, u = e.clone(), u.clone()
     idx = update.indices
     if params.error_feedback == "subtract":
-        e[idx] -= update.values.to(e)
+        e[idx] -= update.taken.to(e)
     else:
         e[idx] = 0.0
     if params.momentum_zeroing:

@@ -2,24 +2,17 @@
 
 Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, and
 Karimireddy, Rebjock, Stich and Jaggi, "Error Feedback Fixes SignSGD and other
-Gradient Compression Schemes", ICML 2019 (Algorithm 2, EF-SGD). A *biased*
-compressor (top-k, Gaussian-k, scaled sign, unscaled random-k) drops the same
-kind of information every round, e.g. top-k never sends the small
-coordinates, so plain compressed SGD can stall or diverge. Error feedback adds
-what was not sent last time to what is compressed this time:
+Gradient Compression Schemes", ICML 2019 (Algorithm 2, EF-SGD). A biased
+compressor (top-k, Gaussian-k, scaled sign, unscaled random-k) adds what it did
+not send last time to what it compresses this time:
 
     target    = update + error
     payload   = compress(target)
     new_error = target - decompress(payload)
 
-Nothing is ever lost, only delayed: after any number of rounds,
-``sum(decompressed payloads) + final error == sum(updates)`` (up to float
-rounding). Unbiased compressors (QSGD, TernGrad) do not need it, though it is
-harmless with them.
-
-The compressor is passed as two functions of one argument (bind its options
-and seed first, e.g. with ``functools.partial`` or a registry entry), so this
-is the only place the three lines exist.
+The compressor is passed as two functions of one argument (bind its options and
+seed first), so this is the only place the three lines exist. Why, and what it
+conserves: docs/methods.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,15 @@
 """Gaussian-k: approximate top-k by a threshold from a Gaussian fit.
 
 Shi, Chu, Cheung and See, "Understanding Top-k Sparsification in Distributed
-Deep Learning", 2019 (arXiv:1911.08772), Sec. 5. Exact top-k selection is
-slow on accelerators, while gradients are roughly bell-shaped; so fit a normal
-``N(mu, sigma)`` to the vector and keep the coordinates above the magnitude a
-fraction ``k / d`` of that normal exceeds:
-
-    t = |mu| + sigma * Phi^{-1}(1 - k / (2 d))
-
-(two-sided: ``|x|`` exceeds ``sigma * Phi^{-1}(1 - k / (2d))`` with probability
-``k / d`` under ``N(0, sigma)``). ``|mu|`` rather than the authors' ``mu``, so that
-``x`` and ``-x`` select the same coordinates.
-
-Real vectors have heavier tails than the fit, so the threshold is corrected
-while the count is outside ``[2k/3, 4k/3]``, evaluating at most ``max_rounds``
-thresholds (3 in the authors' code). Two named rules:
-
-``"paper"`` (default)
-    The authors' code: halve ``t`` when too few are selected, multiply it by
-    1.5 when too many. On Laplace-like tails it can oscillate and stop a
-    factor of ~6 from ``k``.
-``"interpolate"``
-    Once one threshold selected too many and another too few, take the next
-    one where ``log(count)`` interpolates linearly to ``log(k)`` (exact for
-    exponential tails); until then, the same 0.5 / 1.5 steps.
-
-The authors' code then truncates to ``k`` coordinates; ``cap=True`` (default)
-does the same but keeps the ``k`` *largest* of the selected coordinates rather
-than the first ``k`` by position. With ``cap=False`` every selected coordinate
-is sent.
-
-How close to ``k`` the selection lands (``Selection.count``, checked in the
-tests): within ``[2k/3, 4k/3]`` on Gaussian vectors (the first threshold already
-is); on Laplace and Student-t(3) vectors within ``[k/8, 8k]`` with ``"paper"`` and
-``[k/2, 2k]`` with ``"interpolate"``.
-
-Gaussian-k is biased like top-k and belongs under error feedback.
+Deep Learning", 2019 (arXiv:1911.08772), Sec. 5. Fit ``N(mu, sigma)`` to the
+vector and keep the coordinates above ``t = |mu| + sigma * Phi^{-1}(1 - k / (2 d))``
+(``|mu|``, not the authors' ``mu``, so that ``x`` and ``-x`` select alike); while
+the count is outside ``[2k/3, 4k/3]``, correct ``t`` for at most ``max_rounds``
+thresholds by one of two named rules: ``"paper"`` (default, the authors' code:
+halve ``t`` or multiply it by 1.5) or ``"interpolate"`` (interpolate
+``log(count)`` to ``log(k)`` once ``t`` is bracketed). ``cap=True`` then keeps
+the ``k`` largest selected. Biased like top-k: use it under error feedback.
+How close to ``k`` each rule lands, and its speed: docs/methods.md.
 
 Payload: a sparse payload (:mod:`fedsketch.compress.sparse`).
 """

@@ -2,16 +2,11 @@
 
 Alistarh et al., "QSGD: Communication-Efficient SGD via Gradient Quantization
 and Encoding", NeurIPS 2017, Sec. 3.1. Each coordinate is sent as
-``||v|| * sign(v_i) * l_i / s`` with an integer level ``l_i`` in ``0..s``: with
-``r = s |v_i| / ||v||`` and ``l = floor(r)``, the level is ``l + 1`` with
-probability ``r - l`` and ``l`` otherwise. So ``E[l_i / s] = |v_i| / ||v||`` and the
-quantized vector is an **unbiased** estimate of ``v``, which is why QSGD needs
-no error feedback. Its variance is at most ``min(n / s**2, sqrt(n) / s) ||v||**2``
-for ``n`` coordinates sharing one norm, hence the optional buckets
-(:mod:`fedsketch.compress.buckets`).
-
-The paper then Elias-codes the levels; here they are bit-packed with a fixed
-``ceil(log2(s + 1))`` bits each, a simpler code whose size does not depend on the data.
+``||v|| * sign(v_i) * l_i / s``, with ``l_i`` the floor or the ceiling of
+``s |v_i| / ||v||`` drawn so that ``E[l_i / s] = |v_i| / ||v||``: **unbiased**,
+no error feedback needed. One norm per bucket (:mod:`fedsketch.compress.buckets`)
+bounds the variance; levels are bit-packed with a fixed ``ceil(log2(s + 1))``
+bits each instead of the paper's Elias code (docs/methods.md).
 
 Payload (``nb`` = 1, or ``ceil(d / bucket_size)``):
 ``norm: float32[nb]``, ``sign: uint8[ceil(d / 8)]`` (1 = negative),
@@ -23,20 +18,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsketch.compress import buckets
+from fedsketch.compress import buckets, common
 from fedsketch.compress.bits import MAX_BITS, pack_bits, packed_size, unpack_bits
-from fedsketch.compress.common import (
-    Payload,
-    check_bucket_size,
-    check_d,
-    check_int,
-    check_seed,
-    check_vector,
-    generator,
-    num_buckets,
-    require,
-    scalars,
-)
+from fedsketch.compress.common import Payload
 
 METHOD = "qsgd"
 MAX_LEVELS = (1 << MAX_BITS) - 1
@@ -44,7 +28,7 @@ MAX_LEVELS = (1 << MAX_BITS) - 1
 
 def level_bits(s: int) -> int:
     """Bits per level, ``ceil(log2(s + 1))``: levels ``0..s`` must fit."""
-    return check_int("s", s, 1, MAX_LEVELS).bit_length()
+    return common.check_int("s", s, 1, MAX_LEVELS).bit_length()
 
 
 def compress(vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = None) -> Payload:
@@ -53,10 +37,10 @@ def compress(vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = 
     The rounding noise comes from a private generator on ``vec``'s device; only
     the client needs it, so the server does not have to reproduce it.
     """
-    vec = check_vector(vec)
+    vec = common.check_vector(vec)
     bits = level_bits(s)
-    bucket_size = check_bucket_size(bucket_size)
-    gen = generator(check_seed(seed, METHOD), vec.device)
+    bucket_size = common.check_bucket_size(bucket_size)
+    gen = common.generator(common.check_seed(seed, METHOD), vec.device)
     rows = buckets.split(vec, bucket_size)
     norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
     safe = torch.where(norms > 0, norms, torch.ones_like(norms))
@@ -66,7 +50,7 @@ def compress(vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = 
     up = torch.rand(ratio.shape, generator=gen, device=vec.device) < (ratio - low)
     levels = (low + up).to(torch.uint8).reshape(-1)[: vec.numel()]
     return {
-        "norm": scalars(norms),
+        "norm": common.scalars(norms),
         "sign": pack_bits((vec < 0).cpu().numpy(), 1),
         "level": pack_bits(levels.cpu().numpy(), bits),
     }
@@ -74,12 +58,12 @@ def compress(vec: torch.Tensor, *, s: int, seed: int, bucket_size: int | None = 
 
 def decompress(payload: Payload, d: int, *, s: int, bucket_size: int | None = None) -> torch.Tensor:
     """``norm * sign * level / s`` per coordinate, as a float32 vector of length ``d``."""
-    d = check_d(d)
+    d = common.check_d(d)
     bits = level_bits(s)
-    bucket_size = check_bucket_size(bucket_size)
-    norms = require(payload, "norm", np.float32, (num_buckets(d, bucket_size),), METHOD)
-    sign = require(payload, "sign", np.uint8, (packed_size(d, 1),), METHOD)
-    level = require(payload, "level", np.uint8, (packed_size(d, bits),), METHOD)
+    bucket_size = common.check_bucket_size(bucket_size)
+    norms = common.require(payload, "norm", np.float32, (common.num_buckets(d, bucket_size),), METHOD)
+    sign = common.require(payload, "sign", np.uint8, (packed_size(d, 1),), METHOD)
+    level = common.require(payload, "level", np.uint8, (packed_size(d, bits),), METHOD)
     levels = torch.from_numpy(unpack_bits(level, bits, d)).to(torch.float32)
     if levels.numel() and float(levels.max()) > s:
         raise ValueError(f"qsgd payload has a level above s={s} (was it sent with another s?)")

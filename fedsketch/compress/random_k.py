@@ -1,20 +1,12 @@
 """Random-k sparsification with coordinates drawn from a shared seed.
 
 Keeps ``k`` coordinates chosen uniformly without replacement (Stich et al.,
-"Sparsified SGD with Memory", NeurIPS 2018; Wangni et al., NeurIPS 2018), one
-of the sparsification baselines FetchSGD is compared with (Rothchild et al.,
-ICML 2020). The coordinates are a pure function of ``(seed, d, k)``: the seed
-is in the round's config, so the server draws the same coordinates itself and
-the client sends **only the values**, not the indices.
-
-The draw always runs on the CPU with a private ``torch.Generator``, because
-CPU and CUDA generators give different streams for the same seed; a client
-that trains on a GPU and a server on a CPU must still agree.
-
-``rescale=True`` multiplies the values by ``d / k``: each coordinate is kept
-with probability ``k / d``, so the rescaled vector is an unbiased estimate of
-the input (over seeds). Without it random-k is biased (it shrinks the vector
-by ``k / d`` on average) and belongs under error feedback.
+"Sparsified SGD with Memory", NeurIPS 2018; Wangni et al., NeurIPS 2018), a
+FetchSGD baseline (Rothchild et al., ICML 2020). The coordinates are a pure
+function of ``(seed, d, k)``, drawn on the CPU with a private generator (CPU
+and CUDA streams differ): the server draws them itself, so the client sends
+only the values. ``rescale=True`` multiplies them by ``d / k`` (unbiased);
+without it random-k is biased and belongs under error feedback.
 
 Payload: ``val: float32[k]`` (values at the sorted drawn coordinates).
 """

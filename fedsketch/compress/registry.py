@@ -3,7 +3,7 @@
 ``get_compressor(name, d, **options)`` checks the options once, when the run
 starts, and returns an object with ``compress(vec, seed=...)`` and
 ``decompress(payload, seed=...)``. The functions underneath are the modules'
-pure ``compress`` / ``decompress``; these classes only hold ``d`` and the options.
+pure ``compress`` / ``decompress``; a :class:`Compressor` only binds ``d`` and the options.
 
 ``seed`` is per client and round (see :func:`fedsketch.compress.derive_seed`).
 Randomized compressors (``random_k``, ``qsgd``, ``terngrad``) refuse ``None``;
@@ -20,217 +20,104 @@ import difflib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
 
 import torch
 
-from fedsketch.compress import (
-    gaussiank,
-    identity,
-    qsgd,
-    random_k,
-    signsgd,
-    terngrad,
-    topk,
-)
-from fedsketch.compress.common import (
-    Payload,
-    check_bucket_size,
-    check_d,
-    check_int,
-    check_seed,
-    check_vector,
-)
+from fedsketch.compress import common as c
+from fedsketch.compress import gaussiank, identity, qsgd, random_k, signsgd, terngrad, topk
+from fedsketch.compress.common import Payload
 
-
-class Compressor(Protocol):
-    """What a registry entry offers."""
-
-    @property
-    def d(self) -> int: ...
-
-    @property
-    def unbiased(self) -> bool: ...
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload: ...
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor: ...
+Encode = Callable[[torch.Tensor, int | None], Payload]
+Decode = Callable[[Payload, int | None], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class NoCompression:
+class Compressor:
+    """One compressor bound to a vector length and its options; ``seed`` as the module docstring says."""
+
+    name: str
+    d: int
+    unbiased: bool
+    encode: Encode
+    decode: Decode
+
+    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
+        """The payload of ``vec`` (checked to be a float vector of length ``d``)."""
+        return self.encode(c.check_vector(vec, self.d), seed)
+
+    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
+        """The float32 vector a payload stands for."""
+        return self.decode(payload, seed)
+
+
+def _none(d: int) -> Compressor:
     """``"none"``: the dense float32 vector (:mod:`fedsketch.compress.identity`)."""
-
-    d: int
-    unbiased: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        check_d(self.d)
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return identity.compress(check_vector(vec, self.d))
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return identity.decompress(payload, self.d)
+    c.check_d(d)
+    return Compressor("none", d, True, lambda v, _: identity.compress(v), lambda p, _: identity.decompress(p, d))
 
 
-@dataclass(frozen=True)
-class TopK:
+def _topk(d: int, k: int, varint: bool = False) -> Compressor:
     """``"topk"``: exact top-k (:mod:`fedsketch.compress.topk`)."""
-
-    d: int
-    k: int
-    varint: bool = False
-    unbiased: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        check_int("k", self.k, 1, check_d(self.d))
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return topk.compress(check_vector(vec, self.d), k=self.k, varint=self.varint)
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return topk.decompress(payload, self.d)
+    c.check_int("k", k, 1, c.check_d(d))
+    encode: Encode = lambda v, _: topk.compress(v, k=k, varint=varint)
+    return Compressor("topk", d, False, encode, lambda p, _: topk.decompress(p, d))
 
 
-@dataclass(frozen=True)
-class RandomK:
-    """``"random_k"``: k shared-seed coordinates, values only (:mod:`fedsketch.compress.random_k`)."""
-
-    d: int
-    k: int
-    rescale: bool = False
-
-    def __post_init__(self) -> None:
-        check_int("k", self.k, 1, check_d(self.d))
-
-    @property
-    def unbiased(self) -> bool:
-        return self.rescale
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return random_k.compress(
-            check_vector(vec, self.d),
-            k=self.k,
-            seed=check_seed(seed, "random_k"),
-            rescale=self.rescale,
-        )
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return random_k.decompress(payload, self.d, seed=check_seed(seed, "random_k"))
+def _random_k(d: int, k: int, rescale: bool = False) -> Compressor:
+    """``"random_k"``: k shared-seed coordinates, values only; the seed decodes them too (:mod:`~.random_k`)."""
+    c.check_int("k", k, 1, c.check_d(d))
+    encode: Encode = lambda v, s: random_k.compress(v, k=k, seed=c.check_seed(s, "random_k"), rescale=rescale)
+    return Compressor(
+        "random_k", d, rescale, encode, lambda p, s: random_k.decompress(p, d, seed=c.check_seed(s, "random_k"))
+    )
 
 
-@dataclass(frozen=True)
-class GaussianK:
-    """``"gaussiank"``: threshold from a Gaussian fit (:mod:`fedsketch.compress.gaussiank`)."""
-
-    d: int
-    k: int
-    max_rounds: int = 3
-    adjust: str = "paper"
-    cap: bool = True
-    varint: bool = False
-    unbiased: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        check_int("k", self.k, 1, check_d(self.d))
-        check_int("max_rounds", self.max_rounds, 1)
-        if self.adjust not in gaussiank.ADJUST_RULES:
-            raise ValueError(f"adjust must be one of {gaussiank.ADJUST_RULES}; got {self.adjust!r}")
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return gaussiank.compress(
-            check_vector(vec, self.d),
-            k=self.k,
-            max_rounds=self.max_rounds,
-            adjust=self.adjust,
-            cap=self.cap,
-            varint=self.varint,
-        )
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return gaussiank.decompress(payload, self.d)
+def _gaussiank(
+    d: int, k: int, max_rounds: int = 3, adjust: str = "paper", cap: bool = True, varint: bool = False
+) -> Compressor:
+    """``"gaussiank"``: the threshold of a Gaussian fit, adjusted towards k (:mod:`~.gaussiank`)."""
+    c.check_int("k", k, 1, c.check_d(d))
+    c.check_int("max_rounds", max_rounds, 1)
+    if adjust not in gaussiank.ADJUST_RULES:
+        raise ValueError(f"adjust must be one of {gaussiank.ADJUST_RULES}; got {adjust!r}")
+    options = {"k": k, "max_rounds": max_rounds, "adjust": adjust, "cap": cap, "varint": varint}
+    return Compressor("gaussiank", d, False, lambda v, _: gaussiank.compress(v, **options),  # type: ignore[arg-type]
+                      lambda p, _: gaussiank.decompress(p, d))  # fmt: skip
 
 
-@dataclass(frozen=True)
-class QSGD:
+def _qsgd(d: int, s: int, bucket_size: int | None = None) -> Compressor:
     """``"qsgd"``: s-level stochastic quantization (:mod:`fedsketch.compress.qsgd`)."""
-
-    d: int
-    s: int
-    bucket_size: int | None = None
-    unbiased: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        check_d(self.d)
-        qsgd.level_bits(self.s)
-        check_bucket_size(self.bucket_size)
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return qsgd.compress(
-            check_vector(vec, self.d),
-            s=self.s,
-            seed=check_seed(seed, "qsgd"),
-            bucket_size=self.bucket_size,
-        )
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return qsgd.decompress(payload, self.d, s=self.s, bucket_size=self.bucket_size)
+    c.check_d(d)
+    qsgd.level_bits(s)
+    c.check_bucket_size(bucket_size)
+    encode: Encode = lambda v, seed: qsgd.compress(v, s=s, seed=c.check_seed(seed, "qsgd"), bucket_size=bucket_size)
+    return Compressor("qsgd", d, True, encode, lambda p, _: qsgd.decompress(p, d, s=s, bucket_size=bucket_size))
 
 
-@dataclass(frozen=True)
-class TernGrad:
+def _terngrad(d: int, bucket_size: int | None = None) -> Compressor:
     """``"terngrad"``: stochastic ternarization (:mod:`fedsketch.compress.terngrad`)."""
-
-    d: int
-    bucket_size: int | None = None
-    unbiased: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        check_d(self.d)
-        check_bucket_size(self.bucket_size)
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        return terngrad.compress(
-            check_vector(vec, self.d),
-            seed=check_seed(seed, "terngrad"),
-            bucket_size=self.bucket_size,
-        )
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return terngrad.decompress(payload, self.d, bucket_size=self.bucket_size)
+    c.check_d(d)
+    c.check_bucket_size(bucket_size)
+    encode: Encode = lambda v, seed: terngrad.compress(v, seed=c.check_seed(seed, "terngrad"), bucket_size=bucket_size)
+    return Compressor("terngrad", d, True, encode, lambda p, _: terngrad.decompress(p, d, bucket_size=bucket_size))
 
 
-@dataclass(frozen=True)
-class SignSGD:
-    """``"signsgd"``: scaled sign of EF-signSGD (:mod:`fedsketch.compress.signsgd`)."""
+def _signsgd(d: int, bucket_size: int | None = None, random_zeros: bool = False) -> Compressor:
+    """``"signsgd"``: the scaled sign of EF-signSGD; ``random_zeros``: a fair sign for zeros, for votes."""
+    c.check_d(d)
+    c.check_bucket_size(bucket_size)
 
-    d: int
-    bucket_size: int | None = None
-    random_zeros: bool = False  # a fair random sign for zeros (needs a seed), for majority votes
-    unbiased: ClassVar[bool] = False
+    def encode(v: torch.Tensor, seed: int | None) -> Payload:
+        zero_seed = c.check_seed(seed, "signsgd with random_zeros") if random_zeros else None
+        return signsgd.compress(v, bucket_size=bucket_size, zero_seed=zero_seed)
 
-    def __post_init__(self) -> None:
-        check_d(self.d)
-        check_bucket_size(self.bucket_size)
-
-    def compress(self, vec: torch.Tensor, *, seed: int | None = None) -> Payload:
-        zero_seed = check_seed(seed, "signsgd with random_zeros") if self.random_zeros else None
-        return signsgd.compress(check_vector(vec, self.d), bucket_size=self.bucket_size, zero_seed=zero_seed)
-
-    def decompress(self, payload: Payload, *, seed: int | None = None) -> torch.Tensor:
-        return signsgd.decompress(payload, self.d, bucket_size=self.bucket_size)
+    return Compressor("signsgd", d, False, encode, lambda p, _: signsgd.decompress(p, d, bucket_size=bucket_size))
 
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
-    "none": NoCompression,
-    "topk": TopK,
-    "random_k": RandomK,
-    "gaussiank": GaussianK,
-    "qsgd": QSGD,
-    "terngrad": TernGrad,
-    "signsgd": SignSGD,
-}
+    "none": _none, "topk": _topk, "random_k": _random_k, "gaussiank": _gaussiank, "qsgd": _qsgd,
+    "terngrad": _terngrad, "signsgd": _signsgd,
+}  # fmt: skip
 
 
 def get_compressor(name: str, d: int, **options: object) -> Compressor:

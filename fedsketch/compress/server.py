@@ -1,44 +1,27 @@
 """Server steps of the top-k baselines, as explicit state transitions.
 
-FetchSGD (Rothchild et al., ICML 2020, Sec. 6) is compared with two top-k
-methods whose server keeps momentum ``u`` and, when it sparsifies, an error
-accumulator ``e`` in the full ``d``-dimensional space:
+FetchSGD (Rothchild et al., ICML 2020, Sec. 6) is compared with top-k methods
+whose server keeps momentum ``u`` and an error accumulator ``e`` in the full
+``d``-dimensional space. *True top-k* (dense uploads) is FetchSGD's Algorithm 1
+with the sketch replaced by the exact vector::
 
-*true top-k* (clients upload dense updates; ``k`` required)::
+    u = rho * u + g;  e = e + lr * u;  Delta = top-k(e);  e = e - Delta
+    u[support(Delta)] = 0   (momentum_zeroing);  w = w - Delta
 
-    u = rho * u + g                  g = weighted mean of the client updates
-    e = e + lr * u                   (error accumulation)
-    Delta = top-k(e);  e = e - Delta
-    u[support(Delta)] = 0            (``momentum_zeroing``, as FetchSGD does)
-    w = w - Delta
-
-This is FetchSGD's Algorithm 1 with the sketch replaced by the exact vector,
-i.e. what FetchSGD approximates. Error accumulation makes the step conserve
-mass: ``sum(Delta) + e == sum(lr * u)`` over rounds.
-
-*local top-k* (clients upload their own top-k, with client-side error feedback
-if they keep state): ``g`` is the weighted mean of the decoded sparse updates
-(:func:`weighted_mean_sparse`). Without ``download_k`` the step is plain
-momentum SGD, ``Delta = lr * u`` (the download is the union of the clients'
-supports); with ``download_k`` the update sent back is sparsified like true
-top-k's. The same step serves every other compressed-upload baseline (random-k,
-Gaussian-k, QSGD, TernGrad, signSGD): average the decompressed payloads, then step.
-
-The FetchSGD paper zeroes momentum at Delta's support (its Algorithm 1, line
-"u, e zeroed at support"); ``momentum_zeroing=False`` keeps plain heavy-ball
-momentum instead. It only has an effect when the step sparsifies.
+*Local top-k* and every other compressed-upload baseline average the decoded
+payloads (one weighted mean, :func:`fedsketch.aggregate.weighted_mean`) and take a plain momentum step,
+``Delta = lr * u``, or, with ``download_k``, sparsify it like true top-k.
+Derivations and what each variant sends back: docs/methods.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from fedsketch.compress.common import Payload, check_d, check_int
-from fedsketch.compress.sparse import decode_sparse_pairs
+from fedsketch.compress.common import check_d, check_int
 
 
 @dataclass(frozen=True)
@@ -136,34 +119,3 @@ def step(
     if params.momentum_zeroing:
         velocity[support] = 0.0
     return TopkServerState(momentum=velocity, error=error), delta
-
-
-def weighted_mean(updates: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """``sum_i w_i x_i / sum_i w_i`` of dense client updates (e.g. by example counts)."""
-    norm = _normalized(weights, len(updates))
-    out = torch.zeros_like(updates[0], dtype=torch.float32)
-    for x, w in zip(updates, norm):
-        if x.shape != out.shape:
-            raise ValueError(f"updates have shapes {tuple(out.shape)} and {tuple(x.shape)}")
-        out.add_(x.to(out), alpha=w)
-    return out
-
-
-def weighted_mean_sparse(payloads: Sequence[Payload], weights: Sequence[float], d: int) -> torch.Tensor:
-    """Weighted mean of sparse payloads without densifying each one (O(sum of k) work)."""
-    norm = _normalized(weights, len(payloads))
-    out = torch.zeros(check_d(d), dtype=torch.float32)
-    for payload, w in zip(payloads, norm):
-        idx, val = decode_sparse_pairs(payload, d)
-        out.index_add_(0, idx, val, alpha=w)
-    return out
-
-
-def _normalized(weights: Sequence[float], n: int) -> list[float]:
-    """Weights divided by their sum, after checking there is one per update."""
-    if n == 0 or len(weights) != n:
-        raise ValueError(f"need one weight per update and at least one update; got {len(weights)} and {n}")
-    if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"weights must be finite, >= 0 and not all zero; got {list(weights)}")
-    total = float(sum(weights))
-    return [float(w) / total for w in weights]

@@ -1,24 +1,16 @@
-"""Scaled sign compression, the compressor of EF-signSGD.
+"""Scaled sign compression, the compressor of EF-signSGD, and majority vote.
 
 Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
-Compression Schemes", ICML 2019, Algorithm 1: ``C(p) = (||p||_1 / d) sign(p)``.
-The ``||p||_1 / d`` scale makes ``C`` a contraction (``||C(p) - p||^2 <= (1 -
-delta) ||p||^2``), but sign compression is **biased**: plain signSGD can fail to
-converge, and the paper's point is that error feedback
-(:mod:`fedsketch.compress.error_feedback`) fixes it. Use it under error feedback.
-
-The paper's code scales each layer separately; ``bucket_size`` does the same on
-a flat vector (:mod:`fedsketch.compress.buckets`), with the mean over each
-bucket's own coordinates. A zero coordinate is sent as ``+scale``.
+Compression Schemes", ICML 2019, Algorithm 1: ``C(p) = (||p||_1 / d) sign(p)``,
+a contraction but **biased**: use it under error feedback
+(:mod:`fedsketch.compress.error_feedback`). ``bucket_size`` gives each bucket
+its own scale, as the paper's code does per layer. A zero is sent as ``+scale``.
+:func:`majority_vote` is signSGD with majority vote (Bernstein, Zhao,
+Azizzadenesheli and Anandkumar, ICLR 2019): the server applies the sign of the
+sum of the workers' signs. More on both: docs/methods.md.
 
 Payload (``nb`` = 1, or ``ceil(d / bucket_size)``):
 ``scale: float32[nb]``, ``sign: uint8[ceil(d / 8)]`` (1 = negative).
-
-:func:`majority_vote` is the other aggregation of signs, signSGD with majority
-vote (Bernstein, Zhao, Azizzadenesheli and Anandkumar, "signSGD with Majority
-Vote is Communication Efficient and Fault Tolerant", ICLR 2019): every worker
-has one vote per coordinate whatever its scale, and the server applies the
-sign of the sum, so the update is one bit per coordinate in both directions.
 """
 
 from __future__ import annotations

@@ -2,29 +2,18 @@
 
 Top-k (Aji & Heafield, EMNLP 2017; Stich et al., NeurIPS 2018), local top-k as
 a FetchSGD baseline (Rothchild et al., ICML 2020, Sec. 6) and Gaussian-k (Shi
-et al., 2019) all send ``k`` of ``d`` coordinates. How the *positions* are sent
-decides a large part of the bytes, so the encoder picks the smallest of:
+et al., 2019) all send ``k`` of ``d`` coordinates. The encoder picks the
+smallest way to send the positions (ties go to the lower ``enc``):
 
-``indices`` (``enc = 0``)
-    ``idx: int32[k]``, sorted. ``4k`` bytes; wins when ``4k <= ceil(d / 8)``,
-    i.e. ``k <= d / 32`` (a tie goes to ``indices``).
-``bitmap`` (``enc = 1``)
-    ``mask: uint8[ceil(d / 8)]``, the d-bit support mask packed little-endian
-    (as :mod:`fedsketch.compress.bits`). Wins when it is strictly smaller,
-    ``k > d / 32``.
-``varint`` (``enc = 2``, opt-in with ``varint=True``)
-    ``gaps: uint8[n]``: the sorted indices as gaps (``idx[0]`` then
-    ``idx[i] - idx[i-1] - 1``), each a LEB128 varint of 7 bits per byte. About
-    ``k * ceil(log2(d / k) / 7)`` bytes for spread-out indices, so it beats
-    ``indices`` whenever the gaps are mostly below ``2**21`` (3 bytes or fewer)
-    and beats ``bitmap`` while ``k`` is below about ``d / 8`` (gaps under 128
-    take one byte). Off by default so that
-    the baseline's bytes match the usual int32-or-bitmap accounting; a named
-    option rather than a silent switch.
+- ``enc = 0``, ``indices``: ``idx: int32[k]``, sorted; ``4k`` bytes.
+- ``enc = 1``, ``bitmap``: ``mask: uint8[ceil(d / 8)]``, the support packed
+  little-endian (as :mod:`fedsketch.compress.bits`); smaller when ``k > d / 32``.
+- ``enc = 2``, ``varint`` (opt-in, ``varint=True``): ``gaps: uint8[n]``, the
+  sorted indices as gaps (``idx[0]``, then ``idx[i] - idx[i-1] - 1``), each a
+  LEB128 varint. When it wins: docs/methods.md.
 
 Every payload also has ``enc: uint8[1]`` and ``val: float32[k]``, the values in
-increasing index order. Ties between encodings go to the lower ``enc``. ``d`` is
-not sent: both sides know it from the model.
+increasing index order. ``d`` is not sent: both sides know it from the model.
 """
 
 from __future__ import annotations

@@ -19,19 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsketch.compress import buckets
+from fedsketch.compress import buckets, common
 from fedsketch.compress.bits import pack_bits, packed_size, unpack_bits
-from fedsketch.compress.common import (
-    Payload,
-    check_bucket_size,
-    check_d,
-    check_seed,
-    check_vector,
-    generator,
-    num_buckets,
-    require,
-    scalars,
-)
+from fedsketch.compress.common import Payload
 
 METHOD = "terngrad"
 _BITS = 2
@@ -39,26 +29,26 @@ _BITS = 2
 
 def compress(vec: torch.Tensor, *, seed: int, bucket_size: int | None = None) -> Payload:
     """Ternarize ``vec`` with stochastic rounding from ``seed`` (generator on ``vec``'s device)."""
-    vec = check_vector(vec)
-    bucket_size = check_bucket_size(bucket_size)
-    gen = generator(check_seed(seed, METHOD), vec.device)
+    vec = common.check_vector(vec)
+    bucket_size = common.check_bucket_size(bucket_size)
+    gen = common.generator(common.check_seed(seed, METHOD), vec.device)
     rows = buckets.split(vec, bucket_size)
     scale = rows.abs().amax(dim=1, keepdim=True)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     keep = torch.rand(rows.shape, generator=gen, device=vec.device) < rows.abs() / safe
     codes = keep.to(torch.uint8) * (1 + (rows < 0).to(torch.uint8))
     return {
-        "scale": scalars(scale),
+        "scale": common.scalars(scale),
         "tern": pack_bits(codes.reshape(-1)[: vec.numel()].cpu().numpy(), _BITS),
     }
 
 
 def decompress(payload: Payload, d: int, *, bucket_size: int | None = None) -> torch.Tensor:
     """``scale * {0, +1, -1}`` per coordinate, as a float32 vector of length ``d``."""
-    d = check_d(d)
-    bucket_size = check_bucket_size(bucket_size)
-    scale = require(payload, "scale", np.float32, (num_buckets(d, bucket_size),), METHOD)
-    tern = require(payload, "tern", np.uint8, (packed_size(d, _BITS),), METHOD)
+    d = common.check_d(d)
+    bucket_size = common.check_bucket_size(bucket_size)
+    scale = common.require(payload, "scale", np.float32, (common.num_buckets(d, bucket_size),), METHOD)
+    tern = common.require(payload, "tern", np.uint8, (packed_size(d, _BITS),), METHOD)
     codes = torch.from_numpy(unpack_bits(tern, _BITS, d))
     if codes.numel() and int(codes.max()) > 2:
         raise ValueError("terngrad payload has the unused code 3")

@@ -1,22 +1,14 @@
 """FEMNIST: handwritten digits and letters (62 classes), one client per writer.
 
-LEAF (Caldas et al., 2018) groups EMNIST (Cohen et al., 2017) by writer, so the
-natural partition is realistic non-IID data; FetchSGD (Rothchild et al., ICML
-2020, Sec. 5) trains on it with about 3,500 clients. The copy used here is
-Flower's Hugging Face dataset ``flwrlabs/femnist`` (one ``train`` split, columns
-``image`` (28x28 grayscale), ``writer_id``, ``character``), read either
-
-- from a local folder written by ``datasets.Dataset.save_to_disk`` (offline), or
-- from the hub through flwr-datasets' ``FederatedDataset`` with a
-  ``NaturalIdPartitioner`` on ``writer_id`` when no folder is given.
-
-As in LEAF, the server's test set pools a held-out 10% of every kept writer's
-samples. Writers are numbered in sorted ``writer_id`` order, as flwr-datasets'
-``NaturalIdPartitioner`` numbers its partitions. Only the rows of the kept
-writers are decoded, so a run with 100 writers does not decode 800,000 images.
-Pixels are standardized with the mean and std of the kept training images (one
-value each): FEMNIST has no conventional constants and copies differ in
-whether ink is dark or light.
+LEAF (Caldas et al., 2018) groups EMNIST (Cohen et al., 2017) by writer; FetchSGD
+(Rothchild et al., ICML 2020, Sec. 5) trains on it with about 3,500 clients. The
+copy read here is Flower's Hugging Face dataset ``flwrlabs/femnist`` (columns
+``image``, ``writer_id``, ``character``), from a local ``save_to_disk`` folder or,
+with no folder, from the hub through flwr-datasets' ``FederatedDataset`` with a
+``NaturalIdPartitioner`` on ``writer_id``. As in LEAF, a held-out 10% of each
+kept writer's samples forms the test set; writers are numbered in sorted
+``writer_id`` order and only the kept writers' images are decoded. Details:
+docs/data.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,15 @@
 
 - MNIST (LeCun et al. 1998) and Fashion-MNIST (Xiao et al. 2017): IDX files
   (a big-endian int32 magic number, one int32 per dimension, then raw bytes),
-  plain or gzipped, in torchvision's layout ``root/MNIST/raw/`` and
-  ``root/FashionMNIST/raw/`` (or directly in ``root``).
+  plain or gzipped, in ``root/MNIST/raw/`` and ``root/FashionMNIST/raw/`` (or
+  directly in ``root``).
 - CIFAR-10 and CIFAR-100 (Krizhevsky 2009): the "python version" pickled
-  batches, in torchvision's layout ``root/cifar-10-batches-py/`` and
-  ``root/cifar-100-python/``.
+  batches, in ``root/cifar-10-batches-py/`` and ``root/cifar-100-python/``.
 
-The formats are read here rather than through ``torchvision.datasets`` because
-torchvision's MNIST reads only un-gzipped files (the published ones are
-gzipped) and its CIFAR loaders refuse any file whose MD5 differs from the
-published one, so a small file in the same format cannot be loaded. The folder
-layout is torchvision's, so ``torchvision.datasets.MNIST(root, download=True)``
-on a machine with internet produces exactly what is read here.
-
-Pixels become float32 ``(N, C, H, W)`` tensors normalized by the usual
-per-dataset channel mean and standard deviation (:data:`NORMALIZATION`).
+The layout is torchvision's, so its ``download=True`` produces what is read
+here; why not ``torchvision.datasets`` itself: docs/data.md. Pixels become
+float32 ``(N, C, H, W)`` tensors normalized by the usual per-dataset channel
+mean and standard deviation (:data:`NORMALIZATION`).
 """
 
 from __future__ import annotations

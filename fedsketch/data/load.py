@@ -24,18 +24,15 @@ from fedsketch.data.images import (
     normalize,
 )
 from fedsketch.data.partition import partition_labels
+from fedsketch.data.registry import DATASETS, num_classes
 from fedsketch.data.spec import DataSpec, FederatedData
 from fedsketch.data.synthetic import NUM_CLASSES, generate_synthetic
 
-_NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "femnist": 62}
-_LAYOUT = {
-    "mnist": "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
-    "fashion_mnist": "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
-    "cifar10": "cifar-10-batches-py/{data_batch_1..5,test_batch}",
-    "cifar100": "cifar-100-python/{train,test}",
-}
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 _HOLDOUT_STREAM = 0x1D5
+_T10K_FILES = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+T10K_HOLDOUT = 2000
+"""``mnist_t10k``: images of the 10,000-image test split held out for evaluation (the rest go to clients)."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -60,10 +57,12 @@ def load_federated(spec: DataSpec) -> FederatedData:
         return _load_npz(spec)
     if spec.dataset == "femnist":
         return _load_femnist(spec)
+    if spec.dataset == "mnist_t10k":
+        return _load_mnist_t10k(spec)
     if not spec.root:
         raise FileNotFoundError(
             f"dataset {spec.dataset!r} is read from local files and the data root is empty: "
-            f"set it to a folder holding {_LAYOUT[spec.dataset]}"
+            f"set it to a folder holding {DATASETS[spec.dataset].files}"
         )
     reader = load_cifar if spec.dataset.startswith("cifar") else load_mnist_like
     x_train, y_train, x_test, y_test = reader(spec.root, spec.dataset)
@@ -74,7 +73,7 @@ def load_federated(spec: DataSpec) -> FederatedData:
         y_test,
         spec,
         name=spec.dataset,
-        num_classes=_NUM_CLASSES[spec.dataset],
+        num_classes=num_classes(spec.dataset),
     )
 
 
@@ -152,7 +151,7 @@ def from_idx_files(
         y[test],
         spec,
         name=f"{dataset}:{Path(images_path).name}",
-        num_classes=_NUM_CLASSES.get(dataset),
+        num_classes=DATASETS[dataset].num_classes if dataset in DATASETS else None,
     )
 
 
@@ -215,6 +214,27 @@ def _load_npz(spec: DataSpec) -> FederatedData:
     )
 
 
+def _load_mnist_t10k(spec: DataSpec) -> FederatedData:
+    """MNIST's published test split alone: ``T10K_HOLDOUT`` images held out (by seed), the rest for clients.
+
+    For machines that hold only the 10,000 test images (``t10k-*-ubyte[.gz]``,
+    directly in ``root``): real images without the 60,000-image training split.
+    """
+    root = Path(spec.root)
+    found = []
+    for name in _T10K_FILES:
+        options = [folder / f for folder in (root, root / "MNIST" / "raw") for f in (name, name + ".gz")]
+        path = next((p for p in options if spec.root and p.is_file()), None)
+        if path is None:
+            raise FileNotFoundError(
+                f"mnist_t10k: no {name}[.gz] in {root if spec.root else '(empty data root)'} or its MNIST/raw/; set "
+                "the data root to a folder holding MNIST's test split (t10k-images-idx3-ubyte.gz, "
+                "t10k-labels-idx1-ubyte.gz)"
+            )
+        found.append(path)
+    return from_idx_files(str(found[0]), str(found[1]), spec, holdout=T10K_HOLDOUT, dataset="mnist")
+
+
 def _load_femnist(spec: DataSpec) -> FederatedData:
     ds = femnist.open_femnist(spec.root)
     writers, chars = femnist.columns(ds)
@@ -232,7 +252,7 @@ def _load_femnist(spec: DataSpec) -> FederatedData:
         test_x=x_test.sub_(mean).div_(std),
         test_y=torch.from_numpy(chars[test_rows]),
         client_indices=tuple(np.searchsorted(kept, part).astype(np.int64) for part in parts),
-        num_classes=_NUM_CLASSES["femnist"],
+        num_classes=num_classes("femnist"),
         input_shape=(1, 28, 28),
         name="femnist",
     )

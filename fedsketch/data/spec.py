@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-DATASETS = ("synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "femnist", "npz")
+from fedsketch.data.registry import NAMES as DATASETS
+
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards")
 
 
@@ -25,7 +26,8 @@ class DataSpec:
     dataset
         ``synthetic`` (FedProx's Synthetic(alpha, beta), generated, no files),
         ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` (torchvision's
-        folder layout under ``root``), ``femnist`` (LEAF's FEMNIST by writer,
+        folder layout under ``root``), ``mnist_t10k`` (MNIST's published test
+        split alone, :data:`fedsketch.data.load.T10K_HOLDOUT` of it held out), ``femnist`` (LEAF's FEMNIST by writer,
         Hugging Face ``flwrlabs/femnist``), or ``npz`` (your own arrays).
     root
         Folder holding the files (for ``npz``: the file itself). Empty for

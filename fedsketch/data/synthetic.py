@@ -1,32 +1,16 @@
 """FedProx's Synthetic(alpha, beta): heterogeneous clients generated from a seed.
 
 Li et al., "Federated Optimization in Heterogeneous Networks" (MLSys 2020),
-Sec. 5.1, and its reference generator (``data/synthetic_*/generate_niid.py`` of
-the FedProx code), which LEAF's ``synthetic`` set follows. Client ``k`` has its
-own softmax-regression model and its own feature distribution:
-
-- ``u_k ~ N(0, alpha^2)``, ``W_k ~ N(u_k, 1)`` (60 x 10), ``b_k ~ N(u_k, 1)``:
-  ``alpha`` controls how much the clients' *models* differ;
-- ``B_k ~ N(0, beta^2)``, ``v_k ~ N(B_k, 1)`` (60), ``x ~ N(v_k, Sigma)`` with
-  ``Sigma`` diagonal, ``Sigma_jj = j^-1.2``: ``beta`` controls how much their
-  *features* differ;
-- ``y = argmax softmax(W_k^T x + b_k)`` (= argmax of the logits).
-
-The paper writes ``N(0, alpha)``; the reference code draws
-``np.random.normal(0, alpha)``, i.e. ``alpha`` is a standard deviation, and so
-does this module.
-
-Samples per client follow the reference generator, ``floor(LogNormal(4, 2)) +
-50``, capped here at 2,000 so that the heavy tail (a few clients with tens of
-thousands) cannot dominate: 100 clients give about 28,000 samples, 22,000 of
-them for training (5th-95th percentile over seeds: 18,000-29,000 training
-samples), generated in about 0.1 s. As in LEAF, the
-test set pools a held-out 20% of every client's samples; the other 80% train.
-
-Features are standardized with the training set's per-feature mean and
-standard deviation (applied to train and test alike, labels untouched): the raw
-feature scales range from 1 to 0.007 (``j^-1.2``) plus offsets of size
-``beta``, which slows plain SGD for no benefit to the benchmark.
+Sec. 5.1, following its reference generator (``generate_niid.py``, which LEAF's
+``synthetic`` set follows). Client ``k`` has its own softmax-regression model
+and feature distribution: ``u_k ~ N(0, alpha^2)``, ``W_k ~ N(u_k, 1)`` (60 x 10),
+``b_k ~ N(u_k, 1)``, ``B_k ~ N(0, beta^2)``, ``v_k ~ N(B_k, 1)``,
+``x ~ N(v_k, Sigma)`` with ``Sigma_jj = j^-1.2``, ``y = argmax(W_k^T x + b_k)``;
+``alpha`` and ``beta`` are standard deviations, as in the reference code.
+Samples per client: ``floor(LogNormal(4, 2)) + 50``, capped at 2,000; 20% of
+each client's samples are held out for the test set (LEAF style), and features
+are standardized with the training set's statistics. Sizes and reasons:
+docs/data.md.
 """
 
 from __future__ import annotations

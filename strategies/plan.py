@@ -1,20 +1,65 @@
-"""Who takes part in a round.
+"""Who takes part in a round, and where each logical client runs.
 
 Flower's own strategies compute a sample size before all nodes have registered
 (with thousands of nodes, round 1 once sampled 38 of 5,000). Here the server
-first waits for the nodes it needs, then samples a *fixed* number of logical
-clients per round from a generator seeded by the run seed, so the same config
-and seed select the same clients whatever the nodes' timing.
+first waits for the nodes it needs, then samples a fixed number of logical
+clients from a generator seeded by the run seed, so the same config and seed
+select the same clients whatever the nodes' timing. A client
+that keeps state always goes to the same node (its home); with one client per
+node (deployment) the server samples nodes and each names its own client.
 """
 
 from __future__ import annotations
 
 import time
-from logging import INFO
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+
+from fedsketch.books import Books
+from fedsketch.config import RunConfig
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round's clients and config, from sampling until the round is applied or skipped."""
+
+    server_round: int
+    grid: Grid
+    sent: dict[int, list[int]]  # node -> its logical clients ([]: the node's own client, deployment)
+    config: dict[str, Any]  # what every message of the round carries besides the clients (lr included)
+    echo: dict[str, Any]  # what every reply must repeat (the method's round settings)
+
+    def sampled(self) -> int:
+        """Logical clients asked this round."""
+        return sum(max(1, len(cids)) for cids in self.sent.values())
+
+    def targets(self, books: Books) -> dict[int, list[int]]:
+        """Each node's clients as far as the server knows them (a deployed node's, once it has replied)."""
+        return {node: cids or ([books.node_cid[node]] if node in books.node_cid else []) for node, cids in
+                self.sent.items()}  # fmt: skip
+
+
+def assign(cfg: RunConfig, server_round: int, grid: Grid, books: Books, stateful: bool) -> dict[int, list[int]]:
+    """Wait for the nodes, sample this round's clients and assign them to nodes (node -> clients)."""
+    nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
+    if cfg.client_assignment == "node":  # one client per node, whose data is the node's own
+        rng = np.random.default_rng([cfg.seed, server_round])
+        # Sample positions, not ids: node ids are uint64 and a numpy array of
+        # them may turn into float64 and lose digits.
+        chosen = rng.choice(len(nodes), size=min(cfg.clients_per_round, len(nodes)), replace=False)
+        return {nodes[int(i)]: [] for i in sorted(chosen)}
+    cids = sample_clients(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round)
+    if not stateful:
+        return assign_cohorts(cids, nodes)
+    sent, books.homes, lost = assign_homes(cids, nodes, books.homes)
+    if lost:
+        log(WARNING, "round %d: clients %s lost their node and start without state", server_round, lost)
+    return sent
 
 
 def wait_for_nodes(grid: Grid, needed: int, timeout: float, poll_s: float = 0.5) -> list[int]:

@@ -1,11 +1,12 @@
-"""Driving strategies with real Flower messages, without Flower's transport.
+"""A federation in one process: the real strategy and the real ClientApp, without Flower's transport.
 
-``Message(...)`` for an instruction needs the identity of a running task
-(``TaskIdentity``); :func:`task_identity` provides one for a test. Replies are
-built the way a ClientApp builds them (``Message(content, reply_to=msg)``), and
-:class:`InProcessGrid` runs the project's real ClientApp on them in this
-process, one ``Context`` per node, so node state persists between rounds. Each
-node receives a copy of its message, as it would over the network.
+:class:`InProcessGrid` serves the part of ``flwr.serverapp.Grid`` the strategy
+uses by calling the project's real ClientApp on each message, one ``Context``
+per node so node state persists between rounds; each node receives a copy of
+its message, as over the network, and every byte is still counted from the
+serialized records. The payload table (:mod:`experiments.payload_bytes`) and the
+tests drive rounds with it. ``Message(...)`` for an instruction needs the
+identity of a running task (``TaskIdentity``); :func:`task_identity` provides one.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ def copy_content(content: RecordDict) -> RecordDict:
                 {n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()}
             )
         else:
-            out[key] = type(record)(copy.deepcopy(dict(record)))
+            out[key] = type(record)(copy.deepcopy(dict(record)))  # type: ignore[arg-type]
     return out
 
 
 def delivered(msg: Message) -> Message:
     """The message as its receiver gets it: a copy (a receiver that changes it must not change the sender's)."""
-    return Message(content=copy_content(msg.content), metadata=copy.deepcopy(msg.metadata))
+    return Message(content=copy_content(msg.content), metadata=copy.deepcopy(msg.metadata))  # type: ignore[call-overload]
 
 
 class InProcessGrid:
@@ -65,6 +66,8 @@ class InProcessGrid:
         Node ids are ``101, 102, ...``.
     tamper
         Rewrites the replies of each exchange (drop, corrupt, add, reorder).
+    deliver
+        Rewrites each request as its node receives it (e.g. a client left out of the round).
     shuffle_seed
         If given, replies come back in a shuffled order (as over a network).
     app
@@ -74,6 +77,7 @@ class InProcessGrid:
     def __init__(
         self, run_config: dict[str, Any], num_nodes: int = 2, tamper: Tamper | None = None,
         shuffle_seed: int | None = None, app: Callable[[Message, Context], Message] = client_app,
+        deliver: Callable[[Message], Message] | None = None,
     ) -> None:  # fmt: skip
         self.contexts = {
             nid: Context(
@@ -85,7 +89,7 @@ class InProcessGrid:
             )
             for i, nid in enumerate(range(101, 101 + num_nodes))
         }
-        self.tamper = tamper
+        self.tamper, self.deliver = tamper, deliver
         self.app = app
         self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self.exchanges = 0
@@ -95,7 +99,10 @@ class InProcessGrid:
 
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
         requests = list(messages)
-        replies = [self.app(delivered(msg), self.contexts[msg.metadata.dst_node_id]) for msg in requests]
+        received = [delivered(msg) for msg in requests]
+        if self.deliver is not None:
+            received = [self.deliver(msg) for msg in received]
+        replies = [self.app(msg, self.contexts[msg.metadata.dst_node_id]) for msg in received]
         self.exchanges += 1
         if self.tamper is not None:
             replies = self.tamper(requests, replies)

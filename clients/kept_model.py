@@ -1,0 +1,53 @@
+"""A deployed device's copy of the model, so that it is sent only what changed (``download = "sparse"``).
+
+With one client per node (deployment) and sparse downloads, a device keeps the
+model it last received in its node's ``Context.state``; the server then sends
+it the new values of every coordinate changed since the round it last synced
+(:func:`fedsketch.download.catch_up`) instead of the whole model, and bills it
+exactly that message. The device echoes the CRC-32 of the model it trained on
+and the server rejects a mismatch, so a catch-up that went wrong costs one
+round of that client, never a wrong update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context
+
+from clients.messages import Request
+from fedsketch.download import apply_catch_up
+
+KEPT = "kept-model"
+
+
+def weights_for(request: Request, context: Context) -> np.ndarray:
+    """This round's model: as sent, or the kept one caught up.
+
+    Raises
+    ------
+    ValueError
+        If the request is a catch-up and the device kept no model, or one older
+        than the catch-up's base round (it lost its state): the server sends the
+        whole model next time.
+    """
+    if request.catch_up is None:
+        if request.weights is None:
+            raise ValueError("request carries neither the model nor a catch-up")
+        return request.weights
+    record = context.state.array_records.get(KEPT)
+    if record is None:
+        raise ValueError("no kept model to catch up from (the device lost its state); the whole model comes next")
+    kept_round = int(record["round"].numpy()[0])
+    if kept_round < request.base_round:
+        raise ValueError(
+            f"the kept model is from round {kept_round}; the catch-up starts at round {request.base_round}"
+        )
+    return apply_catch_up(record["w"].numpy(), request.catch_up)
+
+
+def keep(context: Context, weights: np.ndarray, server_round: int) -> None:
+    """Keep this round's model for the next catch-up."""
+    round_tag = np.array([server_round], dtype=np.int64)
+    context.state[KEPT] = ArrayRecord(
+        {"w": Array(np.ascontiguousarray(weights, np.float32)), "round": Array(round_tag)}
+    )

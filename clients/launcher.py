@@ -1,0 +1,286 @@
+"""A device's ClientApp launcher: import once, fork a child per round.
+
+The client of FetchSGD (Rothchild et al., ICML 2020) does milliseconds of work a
+round: one gradient and one Count Sketch. Flower 1.41's SuperNode, in its
+default ``--isolation subprocess``, starts ``flower-superexec``, which launches
+a fresh ``flwr-clientapp`` process for every message; each one imports torch and
+Flower again (6.3 s and 700 MiB of a 9 s, 800 MiB round on a 2-core CPU).
+
+Started with ``--isolation process``, the SuperNode leaves that launching to a
+process of the operator's choice that asks its Runtime API for work
+(``AcquireTask``, as ``flower-superexec`` does) and is handed a token per task.
+This launcher is that process. It imports Flower, forks the SuperNode (Flower's
+own ``flower-supernode`` entry point, sharing those pages), imports torch, numpy
+and Flower's ClientApp runtime once, and for every token forks a child that
+runs Flower's own :func:`flwr.supernode.runtime.run_clientapp`: the child pulls
+the message, installs the run's FAB, loads the ClientApp named in its
+``pyproject.toml`` (the same ``clients.client_app:app`` that simulation runs),
+replies and exits. A round costs a fork instead of an import.
+
+The child forgets this package (``clients``) before loading the app, so the
+run's FAB, not the copy installed on the device, supplies the ClientApp's
+code; a FAB already extracted by an earlier task (same SHA-256) is not
+extracted again. Runtime dependency installation stays off. The processes are
+named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``). The
+launcher exits when the SuperNode does, with its exit code, so a supervisor
+(systemd) restarts both.
+
+Usage (``docs/deployment.md``)::
+
+    python -m clients.launcher [--port 9094] [--poll-s 0.2] -- flower-supernode ARGS...
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from clients.forked import limit_malloc_arenas, run_supernode, run_task
+
+# What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
+DEFAULT_PRELOAD = (
+    "numpy",
+    "torch",
+    "flwr.supernode.runtime.run_clientapp",
+    "flwr.clientapp",
+    "flwr.client.mod",
+    "flwr.compat.common.recorddict_compat",
+)
+DEFAULT_PORT = 9094  # flower-supernode's default Runtime API port
+OWNED_FLAGS = ("--isolation", "--host", "--port")  # the launcher sets these on the SuperNode
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """How the launcher reaches its SuperNode and what it loads before the first fork."""
+
+    port: int = DEFAULT_PORT
+    poll_s: float = 0.2
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"--port must be a TCP port (1-65535); got {self.port}")
+        if not 0.01 <= self.poll_s <= 60:
+            raise ValueError(f"--poll-s must be between 0.01 and 60 seconds; got {self.poll_s}")
+
+    @property
+    def runtime_address(self) -> str:
+        """The SuperNode's Runtime API, on loopback only: it hands out tasks to whoever asks."""
+        return f"127.0.0.1:{self.port}"
+
+
+def supernode_argv(supernode: Sequence[str], options: LauncherOptions) -> list[str]:
+    """The SuperNode's command line, with process isolation and its Runtime API on ``options.port``.
+
+    Raises
+    ------
+    ValueError
+        If the command is not ``flower-supernode ...``, or it sets a flag the launcher owns.
+    """
+    if not supernode or Path(supernode[0]).name != "flower-supernode":
+        raise ValueError("give the SuperNode's command after '--': -- flower-supernode --superlink HOST:PORT ...")
+    owned = [arg for arg in supernode if arg.split("=")[0] in OWNED_FLAGS]
+    if owned:
+        raise ValueError(f"the launcher sets {', '.join(OWNED_FLAGS)} on the SuperNode itself; remove {owned}")
+    return [*supernode, "--isolation", "process", "--host", "127.0.0.1", "--port", str(options.port)]
+
+
+def preload(modules: Sequence[str]) -> None:
+    """Import ``modules`` now, then move every object to the GC's permanent generation.
+
+    Frozen objects are never scanned by the collector, so a child's collections
+    do not write to (and copy) the pages it shares with the launcher.
+    """
+    for name in modules:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+
+
+class Launcher:
+    """The SuperNode child, the task children, and the loop that hands tokens to forks."""
+
+    def __init__(self, options: LauncherOptions, supernode: int) -> None:
+        self.options = options
+        self.supernode = supernode  # pid of the forked SuperNode
+        self.returncode: int | None = None
+        self.tasks: set[int] = set()
+        self.stopping = False
+
+    def supernode_alive(self) -> bool:
+        """Whether the SuperNode still runs (its exit code is kept once it has ended)."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.supernode, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.supernode, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode is None
+
+    def serve(self) -> int:
+        """Fork a child per task until the SuperNode exits or a signal stops us; returns the exit code."""
+        client = self._runtime_client()
+        try:
+            while not self.stopping and self.supernode_alive():
+                self._reap()
+                if not self.tasks and (token := self._acquire(client)) is not None:
+                    self.tasks.add(_fork(run_task, token, self.options.runtime_address))
+                    continue
+                time.sleep(self.options.poll_s)
+        finally:
+            client.close()
+            self.stop()
+        return abs(self.returncode or 0)
+
+    def stop(self) -> None:
+        """SIGTERM the SuperNode and the running tasks; SIGKILL what is left after a grace period."""
+        self.stopping = True
+        pids = [p for p in (*self.tasks, self.supernode) if _signal(p, signal.SIGTERM)]
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and (self.supernode_alive() or self._reap()):
+            time.sleep(0.1)
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        while self.supernode_alive():
+            time.sleep(0.05)
+        self._reap()
+
+    def _runtime_client(self):  # type: ignore[no-untyped-def]  # flwr's client class is untyped
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        retry = make_simple_http_retry_invoker()
+        retry.max_tries = 1  # Flower's would retry forever; the loop asks again, or ends with the SuperNode
+        return RuntimeHttpClient.from_server_address(
+            server_address=self.options.runtime_address,
+            insecure=True,
+            root_certificates=None,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            retry_invoker=retry,
+        )
+
+    def _acquire(self, client) -> str | None:  # type: ignore[no-untyped-def]
+        import httpx
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+        from flwr.supercore.constant import TaskType
+
+        try:
+            reply = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+        except httpx.HTTPError:  # the SuperNode is busy or gone: the loop looks again
+            return None
+        return str(reply.token) if reply.HasField("task") and reply.token else None
+
+    def _reap(self) -> bool:
+        """Collect finished task children; whether any is still running."""
+        for pid in list(self.tasks):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.tasks.discard(pid)
+        return bool(self.tasks)
+
+
+def _fork(target: Callable[..., NoReturn], *args: object) -> int:
+    """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        target(*args)
+    return pid
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_listening(launcher: Launcher) -> None:
+    """Wait until the SuperNode's Runtime API accepts connections (or the SuperNode exits, or we stop)."""
+    port = launcher.options.port
+    while launcher.supernode_alive() and not launcher.stopping:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+
+
+def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m clients.launcher",
+        description="Start a Flower SuperNode with a pre-warmed ClientApp launcher (one fork per task).",
+        epilog="Everything after '--' is the SuperNode's command; the launcher adds --isolation process "
+        "--host 127.0.0.1 --port PORT to it.",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the SuperNode's Runtime API port")
+    parser.add_argument("--poll-s", type=float, default=0.2, help="seconds between asks for a task")
+    parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules to import once, comma-separated")
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ns = parser.parse_args(argv[:cut])
+    try:
+        options = LauncherOptions(ns.port, ns.poll_s, tuple(m for m in ns.preload.split(",") if m))
+        return options, supernode_argv(argv[cut + 1 :], options)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the SuperNode, warm up, and serve its tasks; returns the SuperNode's exit code."""
+    options, command = _parse(sys.argv[1:] if argv is None else argv)
+    start = time.perf_counter()
+    limit_malloc_arenas(2)
+    # numpy's OpenBLAS would start a thread pool at import: fork with no threads running (torch does the math).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # The SuperNode is a fork too, made once Flower is imported: it shares those pages with us.
+    importlib.import_module("flwr.supernode.cli.flower_supernode")
+    gc.collect()
+    gc.freeze()
+    launcher = Launcher(options, _fork(run_supernode, command))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stopper(launcher))
+    try:
+        preload(options.preload)
+    except ImportError as exc:
+        launcher.stop()
+        sys.exit(f"cannot preload {exc.name!r}: {exc}")
+    _wait_listening(launcher)
+    if not launcher.supernode_alive():  # e.g. its Runtime API port was taken: say nothing is ready
+        launcher.stop()
+        return abs(launcher.returncode or 1)
+    print(f"launcher ready: {len(options.preload)} modules imported in {time.perf_counter() - start:.1f} s; "
+          f"one fork per ClientApp task from {options.runtime_address}", flush=True)  # fmt: skip
+    return launcher.serve()
+
+
+def _stopper(launcher: Launcher) -> Callable[[int, FrameType | None], None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        launcher.stopping = True
+
+    return handler
+
+
+if __name__ == "__main__":
+    sys.exit(main())

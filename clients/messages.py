@@ -1,0 +1,151 @@
+"""The message layout as Flower records, defined once for the ClientApp and the strategies.
+
+The keys are :mod:`fedsketch.wire`'s (which knows no Flower). A request to a
+node carries the model (or, in a second exchange, a query), the round's config
+with the logical clients to run, and arrays for single clients; a reply carries
+one update and metrics record (or one failure record) per logical client.
+
+Bytes are counted here and only here (:func:`wire_bytes`): the sum of Flower's
+``deflate()`` over a record and, recursively, its children (arrays and their
+chunks), which is what goes on the wire. Identical chunks may be deduplicated
+in transport; they are counted as sent, so all-zero payloads never look cheap.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedsketch import wire
+
+Payload = dict[str, np.ndarray]
+
+
+def wire_bytes(obj: Any) -> int:
+    """Serialized size of a record (or RecordDict) and everything it references."""
+    if isinstance(obj, RecordDict):
+        return sum(wire_bytes(rec) for rec in obj.values())
+    children = getattr(obj, "children", None) or {}
+    return len(obj.deflate()) + sum(wire_bytes(child) for child in children.values())
+
+
+def payload_to_record(payload: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """A payload of plain numpy arrays as an ArrayRecord (exact round trip)."""
+    return ArrayRecord({name: Array(np.ascontiguousarray(arr)) for name, arr in payload.items()})
+
+
+def record_to_payload(record: ArrayRecord) -> Payload:
+    """The inverse of :func:`payload_to_record`."""
+    return {name: arr.numpy() for name, arr in record.items()}
+
+
+def model_record(weights: np.ndarray) -> ArrayRecord:
+    """The global model as sent to clients."""
+    return ArrayRecord({wire.WEIGHTS: Array(np.ascontiguousarray(weights, dtype=np.float32))})
+
+
+def model_crc(weights: np.ndarray) -> int:
+    """CRC-32 of a model's float32 bytes: a device that caught up echoes it, the server checks it."""
+    return zlib.crc32(np.ascontiguousarray(weights, dtype=np.float32).tobytes())
+
+
+def config_bytes_per_client(config: Mapping[str, Any]) -> int:
+    """What the round's config costs a message to one logical client alone (its own id in the list)."""
+    return wire_bytes(ConfigRecord({**config, wire.CIDS: [0]}))
+
+
+# ------------------------------------------------------------------------------------------- requests
+def train_request(
+    model: ArrayRecord, config: Mapping[str, Any], cids: list[int], extras: Mapping[int, ArrayRecord],
+    key: str = wire.MODEL_KEY,
+) -> RecordDict:  # fmt: skip
+    """A training request: the model (or, under ``wire.CATCH_UP_KEY``, its catch-up), the round's config
+    naming ``cids``, and arrays for single clients."""
+    content = RecordDict({key: model, wire.CONFIG_KEY: ConfigRecord({**config, wire.CIDS: cids})})
+    for cid, record in extras.items():
+        content[wire.request_key(cid)] = record
+    return content
+
+
+def query_request(query: ArrayRecord, config: Mapping[str, Any], cids: list[int]) -> RecordDict:
+    """A second exchange's request: one query shared by the node's clients."""
+    return RecordDict({wire.QUERY_KEY: query, wire.CONFIG_KEY: ConfigRecord({**config, wire.CIDS: cids})})
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a node is asked to do, read from a request."""
+
+    server_round: int
+    cids: list[int]  # empty: the node is one client, its own partition (deployment)
+    config: Mapping[str, Any]
+    phase: int = 1
+    weights: np.ndarray | None = None  # phase 1: the global model
+    query: Payload | None = None  # phase 2: the query
+    extras: dict[int, Payload] = field(default_factory=dict)  # arrays for single clients
+    catch_up: Payload | None = None  # phase 1, instead of the model: what changed since base_round
+    base_round: int = 0
+
+
+def read_request(content: RecordDict) -> Request:
+    """The request's parts; the model or query is decoded only for the phase that carries it.
+
+    Raises
+    ------
+    ValueError
+        If the request has no config, or its phase's model or query is missing.
+    """
+    if wire.CONFIG_KEY not in content.config_records:
+        raise ValueError(f"request has no '{wire.CONFIG_KEY}' record")
+    config = dict(content.config_records[wire.CONFIG_KEY])
+    cids = [int(c) for c in config.get(wire.CIDS, [])]  # type: ignore[union-attr]
+    phase = int(config.get(wire.PHASE, 1))  # type: ignore[arg-type]
+    records = content.array_records
+    extras = {cid: record_to_payload(records[key]) for key in records if (cid := wire.request_cid(key)) is not None}
+    if phase == 2:
+        if wire.QUERY_KEY not in records:
+            raise ValueError(f"second-exchange request has no '{wire.QUERY_KEY}' record")
+        query = record_to_payload(records[wire.QUERY_KEY])
+        return Request(int(config[wire.ROUND]), cids, config, phase, query=query, extras=extras)  # type: ignore[arg-type]
+    if wire.CATCH_UP_KEY in records:
+        catch_up = record_to_payload(records[wire.CATCH_UP_KEY])
+        base = int(config.get(wire.BASE_ROUND, 0))  # type: ignore[arg-type]
+        return Request(int(config[wire.ROUND]), cids, config, phase, extras=extras, catch_up=catch_up, base_round=base)  # type: ignore[arg-type]
+    if wire.MODEL_KEY not in records or wire.WEIGHTS not in records[wire.MODEL_KEY]:
+        raise ValueError(f"request has no '{wire.MODEL_KEY}' record with array '{wire.WEIGHTS}'")
+    weights = records[wire.MODEL_KEY][wire.WEIGHTS].numpy()
+    return Request(int(config[wire.ROUND]), cids, config, phase, weights=weights, extras=extras)  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------------------------------------- replies
+def client_metrics(
+    num_examples: int, loss: float, compute_s: float, echo: Mapping[str, int] | None = None
+) -> MetricRecord:
+    """One logical client's metrics record; ``echo`` repeats the round's method settings (its round config)."""
+    values = {wire.NUM_EXAMPLES: int(num_examples), wire.LOSS: float(loss), wire.COMPUTE_S: float(compute_s)}
+    return MetricRecord({**values, **(echo or {})})
+
+
+def failure_record(reason: str) -> ConfigRecord:
+    """One logical client's failure record."""
+    return ConfigRecord({wire.REASON: reason[:1000]})
+
+
+def add_update(
+    content: RecordDict, cid: int, payload: Payload, metrics: MetricRecord, diagnostic: Payload | None = None
+) -> None:
+    """One logical client's reply entries: its payload, metrics and (``diagnose-sketch``) diagnostic arrays."""
+    content[wire.update_key(cid)] = payload_to_record(payload)
+    content[wire.metrics_key(cid)] = metrics
+    if diagnostic is not None:  # a separate record, never counted as upload
+        content[wire.diagnostic_key(cid)] = payload_to_record(diagnostic)
+
+
+def add_failure(content: RecordDict, cid: int, reason: str) -> None:
+    """One logical client's failure entry instead of an update."""
+    content[wire.failure_key(cid)] = failure_record(reason or "unknown error")

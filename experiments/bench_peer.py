@@ -1,0 +1,219 @@
+"""fedsketch against its fastest peer, pfl-research, on one FedAvg job: time, start-up and memory.
+
+The job (issue 17): 1,000 clients of fedsketch's generated data (Synthetic(0.5,
+0.5), one client per generating device), 100 a round, 30 rounds, 5 local SGD
+steps of 64 samples at lr 0.1, the default MLP (299,018 parameters), the
+server's FedAvg step (lr 1, no momentum), the model evaluated on the held-out
+56,281 samples after every round. The data, each sample's client and the
+initial weights are built once and written to one ``.npz`` that both sides
+read (fedsketch as ``dataset = "npz"``); pfl's side draws the same clients and
+the same batches (``experiments/peer_pfl.py``), so both end at the same test
+accuracy to a few digits, which is checked.
+
+The two sides run alternately, ``--runs`` times each, in fresh processes:
+
+- ``pfl``: ``peer_pfl.py`` in pfl's own virtual environment (``--pfl-python``);
+- ``fedsketch``: the whole command ``python -m experiments.cli run JOB.toml``
+  (validation, the Flower simulation, the plots and the report), once per
+  ``--supernodes`` value;
+- ``fedsketch FetchSGD``: the same command and clients with FetchSGD
+  (``--fetchsgd``), against pfl's FedAvg: what the sketch costs.
+
+For each it prints the median over runs of the seconds a round (median of
+rounds 2..30), the whole command, the time from the command's start to the end
+of round 1, and the peak PSS of the command's whole process tree
+(:mod:`experiments.proctree`), and each run's ratio to the pfl run beside it.
+``--breakdown`` adds, for the last run of each side, the PSS of each kind of
+process at the tree's peak and when it first appeared.
+
+pfl is not a dependency of fedsketch; create its environment once (it needs
+Python < 3.13) and point ``--pfl-python`` at it::
+
+    python3 -m venv /work/pflvenv && /work/pflvenv/bin/pip install "pfl[pytorch]==0.6.0" torch
+    python -m experiments.bench_peer --runs 5 --pfl-python /work/pflvenv/bin/python --breakdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from experiments.proctree import TreeSampler, tag_env
+from fedsketch import runlog
+from fedsketch.config import RunConfig
+
+APP_DIR = Path(__file__).resolve().parent.parent
+PEER_SCRIPT = Path(__file__).resolve().parent / "peer_pfl.py"
+JOB = {
+    "num-clients": 1000, "clients-per-round": 100, "num-rounds": 30, "eval-every": 1, "seed": 0,
+    "model": "mlp", "model-hidden": 512, "client-update": "delta", "local-steps": 5, "local-batch-size": 64,
+    "client-lr": 0.1, "lr": 1.0, "momentum": 0.0, "lr-schedule": "constant",
+}  # fmt: skip
+FETCHSGD = {"sketch-rows": 3, "sketch-cols": 30000, "k": 10000, "momentum": 0.9, "lr": 1.0}
+"""FetchSGD's settings on the same clients: a 3 x 30,000 sketch (3.3x smaller than the update), top 10,000."""
+
+
+def build_job(folder: Path) -> Path:
+    """Generate the data once; write it, each training sample's client and the initial weights to one ``.npz``."""
+    from fedsketch.task import load_data, make_model
+
+    cfg = RunConfig.from_mapping({**JOB, "dataset": "synthetic", "partition": "natural"})
+    data = load_data(cfg)
+    owner = np.full(len(data.train_y), -1, dtype=np.int64)
+    for cid, idx in enumerate(data.client_indices):
+        owner[idx] = cid
+    params = {f"param_{i:02d}": p.detach().numpy() for i, p in enumerate(make_model(cfg, data).parameters())}
+    path = folder / "job.npz"
+    arrays = {"x_train": data.train_x.numpy(), "y_train": data.train_y.numpy(), "x_test": data.test_x.numpy(),
+              "y_test": data.test_y.numpy(), "client_ids": owner, **params}  # fmt: skip
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub reads ** as allow_pickle
+    same = load_data(RunConfig.from_mapping({**JOB, "dataset": "npz", "data-root": str(path), "partition": "natural"}))
+    if any(not np.array_equal(a, b) for a, b in zip(same.client_indices, data.client_indices, strict=True)):
+        raise RuntimeError("the npz's natural partition differs from the generated one")
+    return path
+
+
+def write_experiment(folder: Path, job: Path, strategy: str) -> Path:
+    """The fedsketch experiment file for one side."""
+    run = {**JOB, "experiment": f"peer-{strategy}", "dataset": "npz", "data-root": str(job), "partition": "natural",
+           "strategy": strategy, **(FETCHSGD if strategy == "fetchsgd" else {})}  # fmt: skip
+    lines = ["[run]"] + [f"{key} = {json.dumps(value)}" for key, value in run.items()]
+    path = folder / f"{strategy}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, float, TreeSampler]:
+    """Run ``cmd`` in ``cwd`` to the end; returns its start (Unix time), its wall seconds and the tree's memory."""
+    env, tag = tag_env({**os.environ, "PYTHONPATH": str(cwd)})
+    start = time.time()
+    with TreeSampler(tag, start=start) as tree, open(log, "wb") as out:
+        code = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited with {code}; see {log}")
+    return start, time.time() - start, tree
+
+
+def run_pfl(python: str, job: Path, folder: Path) -> dict[str, object]:
+    """One pfl run: per-round times from its own clock."""
+    cmd = [python, str(PEER_SCRIPT), str(job), "--rounds", str(JOB["num-rounds"]), "--per-round",
+           str(JOB["clients-per-round"]), "--local-steps", str(JOB["local-steps"]), "--batch-size",
+           str(JOB["local-batch-size"]), "--client-lr", str(JOB["client-lr"])]  # fmt: skip
+    log = folder / "pfl.log"
+    start, wall, tree = measure(cmd, log)
+    out = json.loads(log.read_text().strip().splitlines()[-1])
+    return _row(start, wall, tree, out["round_ends"], out["accuracy"][-1])
+
+
+def run_fedsketch(experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR) -> dict[str, object]:
+    """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
+    out_dir = folder / "runs"
+    cmd = [sys.executable, "-m", "experiments.cli", "run", str(experiment), "--out", str(out_dir),
+           "--supernodes", str(supernodes)]  # fmt: skip
+    start, wall, tree = measure(cmd, folder / "fedsketch.log", checkout)
+    strategy = experiment.stem
+    rows = runlog.read_metrics(out_dir / f"peer-{strategy}" / strategy)
+    if len(rows) != JOB["num-rounds"]:
+        raise RuntimeError(f"{len(rows)} metrics rows in {out_dir}; see {folder / 'fedsketch.log'}")
+    return _row(start, wall, tree, [float(r["unix_time"]) for r in rows], float(rows[-1]["test_accuracy"]))
+
+
+def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accuracy: float) -> dict[str, object]:
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    return {"round_s": statistics.median(gaps), "total_s": wall, "first_round_s": ends[0] - start,
+            "peak_mb": tree.peak_mb, "accuracy": accuracy, "tree": tree}  # fmt: skip
+
+
+def print_table(results: dict[str, list[dict[str, object]]]) -> None:
+    """Medians over runs, and each run's ratio to the pfl run of the same round of the alternation."""
+    print("| | seconds a round (median) | whole command | round 1 done after | peak PSS, whole tree | final accuracy |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    keys = ("round_s", "total_s", "first_round_s", "peak_mb")
+    for name, runs in results.items():
+        med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}  # type: ignore[arg-type]
+        accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})  # type: ignore[arg-type]
+        print(f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
+              f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |")  # fmt: skip
+    print("\nSame-run ratios to pfl (each run against the pfl run beside it), min-max:")
+    print("| | seconds a round | whole command | peak PSS |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, runs in results.items():
+        if name == "pfl":
+            continue
+        cells = []
+        for k in ("round_s", "total_s", "peak_mb"):
+            ratios = [float(r[k]) / float(p[k]) for r, p in zip(runs, results["pfl"], strict=True)]  # type: ignore[arg-type]
+            cells.append(f"{min(ratios):.2f}-{max(ratios):.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def print_breakdown(results: dict[str, list[dict[str, object]]]) -> None:
+    """PSS by kind of process at the tree's peak, and when each kind first appeared (last run of each side)."""
+    for name, runs in results.items():
+        tree = runs[-1]["tree"]
+        assert isinstance(tree, TreeSampler)
+        print(f"\n{name}: peak {tree.peak_mb:,.0f} MB PSS")
+        print("| process | PSS at the peak | of it anonymous | file-backed | shared memory | first seen after |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for role in sorted(tree.first_seen, key=tree.first_seen.__getitem__):
+            pss, anon, file, shmem = tree.at_peak.get(role, [0.0] * 4)
+            print(f"| {role} | {pss:,.0f} MB | {anon:,.0f} MB | {file:,.0f} MB | {shmem:,.0f} MB "
+                  f"| {tree.first_seen[role]:.1f} s |")  # fmt: skip
+
+
+def main() -> None:
+    """Build the job, alternate the sides, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pfl-python", default="/work/pflvenv/bin/python", help="python of pfl's environment")
+    parser.add_argument("--supernodes", type=int, nargs="+", default=[2], help="one fedsketch row per value")
+    parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
+    parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
+    parser.add_argument("--checkout", type=Path, default=APP_DIR,
+                        help="run the fedsketch side from this copy of the code (e.g. an earlier commit, for a baseline)")  # fmt: skip
+    args = parser.parse_args()
+    if not Path(args.pfl_python).exists():
+        sys.exit(f"no pfl environment at {args.pfl_python}; create it as this module's docstring says")
+    with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
+        folder = Path(tmp)
+        job = build_job(folder)
+        sides: dict[str, Callable[[Path], dict[str, object]]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
+        for n in args.supernodes:
+            fedavg = write_experiment(folder, job, "fedavg")
+            sides[f"fedsketch FedAvg ({n} nodes)"] = partial(run_fedsketch, fedavg, n, checkout=args.checkout)
+        if args.fetchsgd:
+            fetch = write_experiment(folder, job, "fetchsgd")
+            n = args.supernodes[0]
+            sides[f"fedsketch FetchSGD ({n} nodes)"] = partial(run_fedsketch, fetch, n, checkout=args.checkout)
+        results: dict[str, list[dict[str, object]]] = {name: [] for name in sides}
+        for i in range(args.runs):
+            for k, (name, side) in enumerate(sides.items()):
+                run_folder = folder / f"run{i}-{k}"
+                run_folder.mkdir()
+                results[name].append(side(run_folder))
+                r = results[name][-1]
+                print(f"run {i + 1} {name}: {r['round_s']:.3f} s/round, {r['total_s']:.1f} s, round 1 after "
+                      f"{r['first_round_s']:.1f} s, {r['peak_mb']:,.0f} MB, accuracy {r['accuracy']:.4f}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    print(f"FedAvg, {JOB['num-clients']:,} clients, {JOB['clients-per-round']} a round, {JOB['num-rounds']} rounds, "
+          f"{JOB['local-steps']} local steps; {args.runs} runs each, alternated")  # fmt: skip
+    print_table(results)
+    if args.breakdown:
+        print_breakdown(results)
+
+
+if __name__ == "__main__":
+    main()

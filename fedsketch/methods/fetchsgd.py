@@ -1,0 +1,147 @@
+"""FetchSGD: clients upload Count Sketches; the server keeps momentum and error in sketch space.
+
+Rothchild, Panda, Ullah, Ivkin, Stoica, Braverman, Gonzalez and Arora,
+"FetchSGD: Communication-Efficient Federated Learning with Sketching", ICML 2020.
+A client sketches its gradient (:class:`fedsketch.sketch.CountSketch`); sketches
+are linear, so the server merges the round's tables by a weighted sum and runs
+Algorithm 1 (:mod:`fedsketch.algorithms.fetchsgd`). All state is on the server:
+clients are stateless. With ``diagnose-sketch`` (simulation only) clients also
+hand over their dense update and the server measures the step against a dense
+shadow (:mod:`fedsketch.algorithms.fidelity`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedsketch import wire
+from fedsketch.aggregate import weighted_mean
+from fedsketch.algorithms import fetchsgd, fidelity
+from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadSpec, Round, State
+from fedsketch.setting import Setting
+from fedsketch.sketch import CountSketch
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
+
+ERROR_FEEDBACK = Setting(
+    "error-feedback", str, "zero-buckets",
+    "how FetchSGD takes what it applied out of the momentum and error sketches: `zero-buckets` (zero every "
+    "bucket Delta touches, the reference code) or `subtract` (`S_e -= S(Delta)`, the paper's text and FLSim)",
+    choices=fetchsgd.VARIANTS,
+)  # fmt: skip
+
+LR_PLACEMENT = Setting(
+    "lr-placement", str, "error",
+    "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the paper's Algorithm 1) or `update` "
+    "(`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a constant rate, not under a schedule",
+    choices=fetchsgd.LR_PLACEMENTS,
+)  # fmt: skip
+
+State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
+
+
+def params(cfg: RunConfig, d: int) -> fetchsgd.FetchSGDParams:
+    """The run's FetchSGD hyper-parameters; the sketch's hash seed is the run seed."""
+    return fetchsgd.FetchSGDParams(
+        d=d, rows=cfg.sketch_rows, cols=cfg.sketch_cols, seed=cfg.seed, k=cfg.k, momentum=cfg.momentum,
+        error_feedback=ERROR_FEEDBACK.of(cfg), momentum_zeroing=cfg.momentum_zeroing,
+        lr_placement=LR_PLACEMENT.of(cfg),
+    )  # fmt: skip
+
+
+def round_config(cfg: RunConfig) -> dict[str, int]:
+    """Every client derives the same hash functions from these (and echoes them back)."""
+    return {"sketch-seed": cfg.seed, "sketch-rows": cfg.sketch_rows, "sketch-cols": cfg.sketch_cols}
+
+
+def encode(update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payload, State]:
+    """The ``rows x cols`` table of the update's Count Sketch; no state."""
+    rc = job.round_config
+    sketch = CountSketch(
+        update.numel(), rc["sketch-rows"], rc["sketch-cols"], seed=rc["sketch-seed"], device=update.device
+    )
+    sketch.accumulate(update)
+    return {"table": sketch.table.cpu().numpy()}, {}
+
+
+def layout(cfg: RunConfig, d: int, server_round: int = 0) -> PayloadSpec:
+    """One float32 table of the run's sketch shape."""
+    return {"table": ((cfg.sketch_rows, cfg.sketch_cols), np.dtype(np.float32))}
+
+
+def diagnostic(cfg: RunConfig, d: int) -> PayloadSpec | None:
+    """With ``diagnose-sketch``: the client's dense float32 update, checked like any payload."""
+    return {wire.DIAGNOSTIC_UPDATE: ((d,), np.dtype(np.float32))} if cfg.diagnose_sketch else None
+
+
+def init(cfg: RunConfig, d: int, device: torch.device) -> State_:
+    """Zero momentum and error sketches (and, when diagnosing, a zero dense shadow)."""
+    if not cfg.diagnose_sketch:
+        return fetchsgd.init(params(cfg, d), device=device)
+    logging.getLogger("flwr").info(
+        "diagnose-sketch: the dense shadow keeps 2 x d float32 (%.1f MiB) on the server, and each round holds "
+        "every client's dense update; none of it is counted as upload", 8 * d / 2**20,
+    )  # fmt: skip
+    return fidelity.init(params(cfg, d), device=device)
+
+
+def step(state: State_, rnd: Round, cfg: RunConfig) -> tuple[State_, torch.Tensor]:
+    """Merge the tables weighted by examples, then one FetchSGD step (measured, when diagnosing)."""
+    p = params(cfg, rnd.d)
+    sketched = state.sketched if isinstance(state, fidelity.FidelityState) else state
+    examples = [u.num_examples for u in rnd.updates]
+    merged = weighted_mean([u.payload["table"] for u in rnd.updates], examples, like=sketched.error)
+    if isinstance(state, fidelity.FidelityState):
+        dense = [_diagnostic_update(u) for u in rnd.updates]
+        true_mean = weighted_mean(dense, examples, like=state.shadow.error)
+        state, update, _ = fidelity.step(state, merged, true_mean, p, rnd.lr)
+    else:
+        state, update = fetchsgd.step(state, merged, p, rnd.lr)
+    return state, update.dense(rnd.d)
+
+
+def _diagnostic_update(u: ClientUpdate) -> np.ndarray:
+    if u.diagnostic is None:
+        raise ValueError(f"client {u.cid} has no diagnostic arrays")
+    return u.diagnostic[wire.DIAGNOSTIC_UPDATE]
+
+
+def sketch_norm(payload: Payload, d: int, seed: int) -> float:
+    """The sketch's estimate of the norm of the vector it sketches (the median of its rows' norms)."""
+    return CountSketch.from_table(torch.from_numpy(payload["table"]), d, seed).l2_estimate()
+
+
+def norm(u: ClientUpdate, cfg: RunConfig, d: int) -> float:
+    """``clip-norm`` bounds the sketched update's norm, as its sketch estimates it: the server never sees it."""
+    return sketch_norm(u.payload, d, cfg.seed)
+
+
+def sensitivity(cfg: RunConfig) -> float:
+    """Each row of a table has the sketched vector's norm in expectation: the table, sqrt(rows) times it."""
+    return math.sqrt(cfg.sketch_rows)
+
+
+def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
+    """With ``diagnose-sketch``: the sketch's fidelity, averaged over the rounds since the previous row."""
+    if not isinstance(state, fidelity.FidelityState):
+        return state, {}
+    state, rep = fidelity.report(state)
+    return state, {"sketch_recall": rep.recall, "sketch_rel_error": rep.rel_error,
+                   "sketch_state_drift": rep.state_drift, "sketch_topk_mass": rep.topk_mass,
+                   "sketch_rounds": rep.rounds}  # fmt: skip
+
+
+METHOD = Method(
+    name="fetchsgd", upload="Count Sketch of the gradient", client_state="none (server)",
+    paper="Rothchild et al., ICML 2020",
+    encode=encode, layout=layout, init=init, step=step, settings=(ERROR_FEEDBACK, LR_PLACEMENT),
+    uses=("k", "sketch-rows", "sketch-cols", "momentum", "momentum-zeroing", "diagnose-sketch"),
+    sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k"}, linear=True,
+    round_config=round_config, norm=norm, sensitivity=sensitivity, report=report, diagnostic=diagnostic,
+)  # fmt: skip

@@ -1,0 +1,208 @@
+"""What a method is: one record that the clients, the server, the config check and the tools all read.
+
+A method (FetchSGD, Rothchild et al., ICML 2020; or one of its baselines) is
+what a client computes and uploads (:attr:`Method.encode`, :attr:`Method.layout`),
+what the server does with the round's uploads, as an explicit state transition
+(:attr:`Method.init`, :attr:`Method.step`, the fedjax shape), and facts the rest
+of the project derives from: the settings it reads and which of them may be
+swept, whether its uploads add up (so they may be merged, clipped, noised and
+summed securely), and how much memory its clients keep. Everything else (Flower
+records, validation, bytes, sampling) is shared and knows no method by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fedsketch.setting import Setting
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
+
+Payload = dict[str, np.ndarray]
+"""What one client puts on the wire: plain numpy arrays by name."""
+State = dict[str, torch.Tensor]
+"""What one client keeps between rounds (methods with client-side memory)."""
+PayloadSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
+"""An exact payload layout: names, shapes and dtypes."""
+PayloadCheck = Callable[[Payload], object]
+"""For layouts that vary (sparse encodings, counts): decode the payload or raise ValueError."""
+Layout = PayloadSpec | PayloadCheck
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One logical client's accepted contribution to a round."""
+
+    cid: int
+    payload: Payload
+    num_examples: int
+    loss: float
+    upload_bytes: int
+    node: int = 0
+    decoded: object = None  # what a PayloadCheck returned (e.g. the dense vector), else None
+    diagnostic: Payload | None = None  # diagnose-sketch's dense update (simulation only)
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One logical client's inputs besides its update."""
+
+    cid: int
+    server_round: int
+    round_config: Mapping[str, int] = field(default_factory=dict)  # the round's :attr:`Method.round_config`
+    state: State = field(default_factory=dict)  # what it kept from its last round ({} the first time)
+    request: Payload = field(default_factory=dict)  # arrays the server sent to it alone
+
+
+Exchange = Callable[[list[ClientUpdate], Payload, Layout], list[ClientUpdate]]
+"""A second request to the round's accepted clients (the query, its layout); returns the accepted answers."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a server step sees of one round."""
+
+    server_round: int
+    lr: float  # this round's learning rate (after the schedule)
+    updates: list[ClientUpdate]  # accepted, validated, clipped, sorted by client id
+    d: int
+    device: torch.device
+    exchange: Exchange | None = None  # only while the round's clients can still be asked
+
+
+ServerState = Any  # each method's own frozen dataclass of tensors
+Encoder = Callable[[torch.Tensor, ClientJob, "RunConfig"], tuple[Payload, State]]
+
+
+def no_round_config(cfg: RunConfig) -> dict[str, int]:
+    """Most methods send nothing but the model and the common round keys."""
+    return {}
+
+
+def stateless(cfg: RunConfig) -> int:
+    """Clients keep nothing between rounds."""
+    return 0
+
+
+def no_requests(state: ServerState, cids: list[int], cfg: RunConfig, d: int) -> dict[int, Payload]:
+    """No arrays for single clients."""
+    return {}
+
+
+def no_report(state: ServerState, cfg: RunConfig) -> tuple[ServerState, dict[str, float]]:
+    """No method-specific columns in the metrics rows."""
+    return state, {}
+
+
+def no_diagnostic(cfg: RunConfig, d: int) -> PayloadSpec | None:
+    """No diagnostic arrays beside the payload."""
+    return None
+
+
+def no_check(cfg: RunConfig, d: int) -> None:
+    """No limits beyond the shared ones (``k`` and ``download-k`` at most d)."""
+
+
+def unit_sensitivity(cfg: RunConfig) -> float:
+    """An upload's norm is the update's norm."""
+    return 1.0
+
+
+def payload_norm(u: ClientUpdate) -> float:
+    """L2 (Frobenius) norm over every float array of the payload, accumulated in float64."""
+    squares = sum(float(np.square(arr, dtype=np.float64).sum()) for arr in u.payload.values() if arr.dtype.kind == "f")
+    return math.sqrt(squares)
+
+
+def update_norm(u: ClientUpdate, cfg: RunConfig, d: int) -> float:
+    """The norm ``clip-norm`` bounds: the decoded vector's if the layout decodes one, else the payload's."""
+    if isinstance(u.decoded, torch.Tensor):
+        return float(torch.linalg.vector_norm(u.decoded.double()))
+    return payload_norm(u)
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything about one method, in one place (see the module docstring).
+
+    Attributes
+    ----------
+    name, upload, client_state, paper
+        The strategy name and the methods table's line: what a client uploads,
+        what it keeps, and the paper.
+    encode
+        Client: ``(update, job, cfg) -> (payload, state to keep)``.
+    layout
+        Server: ``(cfg, d, server_round) -> `` the exact layout every payload must have, or a decoder
+        that checks it.
+    init, step
+        Server: ``init(cfg, d, device) -> state`` and ``step(state, round, cfg) -> (state, Delta)``;
+        the model then moves by ``w -= Delta``.
+    settings
+        Settings only this method reads, declared in its module.
+    uses
+        Shared run settings it reads besides the common ones (``k``, ``sketch-cols``, ...).
+    sweep
+        The settings that change what it uploads, each with its short name in a sweep point's folder.
+    linear
+        Whether uploads add up: the server merges them by a weighted sum, so they may be
+        noised for differential privacy and summed under secure aggregation.
+    state_vectors
+        How many float32 vectors of length d a client keeps between rounds (0: stateless).
+    round_config
+        Keys every client of a round receives and echoes back (e.g. the sketch's seed and shape).
+    answer
+        Client: a second exchange's answer from the kept state (Sketched-SGD's exact values,
+        PowerSGD's Q), and the state to keep from then on (``None``: as it was).
+    requests
+        Server: arrays each sampled client receives with the model (counted in its download).
+    norm
+        The norm ``clip-norm`` bounds; ``None``: the method's uploads cannot be clipped.
+    sensitivity
+        An upload's Frobenius norm per unit of the update's norm (``sqrt(rows)`` for a sketch).
+    report
+        Method-specific metrics for the next metrics row, from (and resetting) tallies in its state.
+    diagnostic
+        The diagnostic arrays each client must add beside its payload (``diagnose-sketch``), if any.
+    check
+        Raises ``ConfigError`` if the settings do not fit a model of d parameters (run before training).
+    commit
+        For methods whose clients keep state: when a client's new state counts as applied, once its
+        upload was used in an applied round (``"upload"``) or only once it also answered the round's
+        second exchange (``"answer"``); until then the client keeps it pending
+        (:mod:`fedsketch.client_state`).
+    """
+
+    name: str
+    upload: str
+    client_state: str
+    paper: str
+    encode: Encoder
+    layout: Callable[[RunConfig, int, int], Layout]
+    init: Callable[[RunConfig, int, torch.device], ServerState]
+    step: Callable[[ServerState, Round, RunConfig], tuple[ServerState, torch.Tensor]]
+    settings: tuple[Setting[Any], ...] = ()
+    uses: tuple[str, ...] = ()
+    sweep: Mapping[str, str] = field(default_factory=dict)
+    linear: bool = False
+    state_vectors: Callable[[RunConfig], int] = stateless
+    round_config: Callable[[RunConfig], dict[str, int]] = no_round_config
+    answer: Callable[[State, Payload, RunConfig], tuple[Payload, State | None]] | None = None
+    requests: Callable[[ServerState, list[int], RunConfig, int], dict[int, Payload]] = no_requests
+    norm: Callable[[ClientUpdate, RunConfig, int], float] | None = update_norm
+    sensitivity: Callable[[RunConfig], float] = unit_sensitivity
+    report: Callable[[ServerState, RunConfig], tuple[ServerState, dict[str, float]]] = no_report
+    diagnostic: Callable[[RunConfig, int], PayloadSpec | None] = no_diagnostic
+    check: Callable[[RunConfig, int], None] = no_check
+    commit: str = "upload"
+
+    def reads(self, key: str) -> bool:
+        """Whether a run of this method reads setting ``key`` (shared or its own)."""
+        return key in self.uses or any(s.key == key for s in self.settings)

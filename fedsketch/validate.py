@@ -1,0 +1,242 @@
+"""Every check a run config must pass, made once, before any training.
+
+:class:`fedsketch.config.RunConfig` calls :func:`check` on construction, and
+:func:`against_model` runs once the model's size is known (before Flower
+starts). What a method allows is read from its registry record
+(:mod:`fedsketch.methods`): whether its uploads add up (differential privacy,
+secure aggregation), whether they can be clipped, which settings it reads,
+whether its clients keep state (memory, checkpoints). Every refusal names the
+setting and says why.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedsketch.data.registry import NAMES as DATASETS
+from fedsketch.data.spec import PARTITIONS
+from fedsketch.download import MODES as DOWNLOAD_MODES
+from fedsketch.methods import METHODS, NAMES, Method, get_method
+from fedsketch.models import MODELS, NORMS
+from fedsketch.schedule import SCHEDULES
+from fedsketch.setting import ConfigError
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "strategy": NAMES, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS, "model_norm": NORMS,
+    "client_update": ("gradient", "delta"), "client_state": ("memory", "disk"),
+    "client_assignment": ("cohort", "node"), "device": ("auto", "cpu", "cuda"), "lr_schedule": SCHEDULES,
+    "download": DOWNLOAD_MODES,
+}  # fmt: skip
+POSITIVE = (
+    "num_rounds", "num_clients", "clients_per_round", "eval_every", "model_hidden", "local_batch_size",
+    "local_steps", "sketch_rows", "sketch_cols", "k", "min_replies", "min_nodes", "max_client_state_mb",
+)  # fmt: skip
+NON_NEGATIVE = (
+    "seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size", "download_k",
+    "client_batching", "clip_norm", "dp_noise_multiplier", "checkpoint_every",
+)  # fmt: skip
+
+
+def check(cfg: RunConfig) -> None:
+    """Every check that needs only the config.
+
+    Raises
+    ------
+    ConfigError
+        The first setting out of range or not allowed together with the others.
+    """
+    _choices(cfg)
+    method = get_method(cfg.strategy)
+    _ranges(cfg)
+    _privacy(cfg, method)
+    _download(cfg, method)
+    _runtime(cfg, method)
+    _diagnostics(cfg, method)
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _choices(cfg: RunConfig) -> None:
+    for name, allowed in CHOICES.items():
+        value = getattr(cfg, name)
+        if value not in allowed:
+            raise ConfigError(f"setting '{_key(name)}' must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _ranges(cfg: RunConfig) -> None:
+    for name in POSITIVE:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
+    for name in NON_NEGATIVE:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"setting '{_key(name)}' must be >= 0; got {getattr(cfg, name)}")
+    for name in ("lr", "client_lr", "partition_alpha", "round_timeout", "reply_poll_s"):
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.momentum < 1.0:
+        raise ConfigError(f"setting 'momentum' must be in [0, 1); got {cfg.momentum}")
+    if not 0.0 < cfg.dp_delta < 1.0:
+        raise ConfigError(f"setting 'dp-delta' must be in (0, 1); got {cfg.dp_delta}")
+    if cfg.clients_per_round > cfg.num_clients:
+        raise ConfigError(
+            f"setting 'clients-per-round' ({cfg.clients_per_round}) exceeds 'num-clients' ({cfg.num_clients})"
+        )
+    if cfg.min_replies > cfg.clients_per_round:
+        raise ConfigError(
+            f"setting 'min-replies' ({cfg.min_replies}) exceeds 'clients-per-round' ({cfg.clients_per_round})"
+        )
+
+
+def _linear() -> str:
+    return ", ".join(m.name for m in METHODS if m.linear)
+
+
+def _privacy(cfg: RunConfig, method: Method) -> None:
+    if cfg.clip_norm > 0 and method.state_vectors(cfg):
+        raise ConfigError(
+            f"setting 'clip-norm' is not available for {method.name} with these settings: its clients keep error "
+            "feedback, and a clipped upload would leave their memory out of step with what the server applied"
+        )
+    if cfg.clip_norm > 0 and method.norm is None:
+        raise ConfigError(
+            f"setting 'clip-norm' is not available for {method.name}: its upload is not one vector the server "
+            "could scale (its second exchange sends values computed from the first)"
+        )
+    if cfg.dp_noise_multiplier > 0:
+        if not method.linear:
+            raise ConfigError(
+                f"setting 'dp-noise-multiplier' needs a strategy whose uploads add up linearly ({_linear()}); "
+                f"got {cfg.strategy!r}"
+            )
+        if cfg.clip_norm <= 0:
+            raise ConfigError("setting 'dp-noise-multiplier' needs 'clip-norm' > 0: noise is scaled to the clip norm")
+    if cfg.secure_aggregation:
+        if not method.linear:
+            raise ConfigError(
+                f"setting 'secure-aggregation' needs a strategy whose uploads add up linearly ({_linear()}); "
+                f"got {cfg.strategy!r}"
+            )
+        if cfg.dp_noise_multiplier > 0:
+            raise ConfigError(
+                "settings 'secure-aggregation' and 'dp-noise-multiplier' are not combined: DP clips and weighs "
+                "single clients on the server, which secure aggregation hides from it"
+            )
+
+
+def _download(cfg: RunConfig, method: Method) -> None:
+    if cfg.download_k > 0 and not method.reads("download-k"):
+        users = ", ".join(m.name for m in METHODS if m.reads("download-k"))
+        raise ConfigError(
+            f"setting 'download-k' applies to the compressed-upload baselines ({users}); got strategy "
+            f"{cfg.strategy!r}, whose server update is "
+            + ("already k-sparse (setting 'k')" if method.reads("k") else "dense by definition")
+        )
+    if cfg.download == "sparse" and cfg.secure_aggregation:
+        raise ConfigError(
+            "settings 'download' = 'sparse' and 'secure-aggregation' are not combined: the SecAgg+ round sends "
+            "the dense model and counts what it sends"
+        )
+
+
+def _runtime(cfg: RunConfig, method: Method) -> None:
+    """``client-batching`` vectorizes one gradient a client; a restart loses state kept on the nodes."""
+    if cfg.client_batching and cfg.client_update != "gradient":
+        raise ConfigError(
+            f"setting 'client-batching' ({cfg.client_batching}) needs 'client-update' = 'gradient' (one gradient a "
+            f"client); got {cfg.client_update!r}. Set client-batching = 0 for local training steps"
+        )
+    if cfg.checkpoint_every and method.state_vectors(cfg):
+        raise ConfigError(
+            f"setting 'checkpoint-every' is not available for {cfg.strategy} with these settings: "
+            "its clients keep state on their nodes, which a restart loses"
+        )
+
+
+def _diagnostics(cfg: RunConfig, method: Method) -> None:
+    """``diagnose-sketch`` has every client send its dense update too: only where that is harmless and meaningful."""
+    if not cfg.diagnose_sketch:
+        return
+    if not method.reads("diagnose-sketch"):
+        raise ConfigError(
+            f"setting 'diagnose-sketch' is only for strategy fetchsgd (it compares FetchSGD's sketched top-k with "
+            f"the true one); got {cfg.strategy!r}"
+        )
+    if cfg.client_assignment != "cohort":
+        raise ConfigError(
+            "setting 'diagnose-sketch' needs 'client-assignment' = 'cohort' (simulation): it has every client send "
+            "its dense update as well, which a deployment exists to avoid"
+        )
+    if cfg.secure_aggregation:
+        raise ConfigError(
+            "settings 'diagnose-sketch' and 'secure-aggregation' are not combined: the diagnostic shows the server "
+            "each client's dense update, which secure aggregation exists to hide"
+        )
+    if cfg.dp_noise_multiplier > 0:
+        raise ConfigError(
+            "settings 'diagnose-sketch' and 'dp-noise-multiplier' are not combined: the noise goes into the sketches "
+            "only, so the dense reference would have no counterpart of it"
+        )
+
+
+def against_model(cfg: RunConfig, d: int) -> None:
+    """Checks that need the model size ``d``; run before any training.
+
+    Raises
+    ------
+    ConfigError
+        If ``k`` or ``download-k`` exceeds the number of parameters, if the method's own limits are not met
+        (e.g. Sketched-SGD's ``candidate-factor * k``), or if the clients' kept state would exceed
+        ``max-client-state-mb`` (or, with ``client-state = "disk"``, the free disk space).
+    """
+    method = get_method(cfg.strategy)
+    if method.reads("k") and cfg.k > d:
+        raise ConfigError(f"setting 'k' ({cfg.k}) exceeds the model's {d} parameters")
+    if cfg.download_k > d:
+        raise ConfigError(f"setting 'download-k' ({cfg.download_k}) exceeds the model's {d} parameters")
+    method.check(cfg, d)
+    need, what = client_state_bytes(cfg, d), describe_client_state(cfg, d)
+    if cfg.client_state == "disk":
+        _check_disk(cfg, need, what)
+    elif need > cfg.max_client_state_mb * 2**20:
+        raise ConfigError(
+            f"{what}, above setting 'max-client-state-mb' ({cfg.max_client_state_mb}); lower 'num-clients', "
+            "or raise 'max-client-state-mb' if the machine has the memory, or keep it on disk: client-state = 'disk'"
+        )
+
+
+def client_state_bytes(cfg: RunConfig, d: int) -> int:
+    """Worst-case bytes of client state over the whole run: every client has taken part.
+
+    A client keeps its committed state and, until it learns whether its last upload was applied,
+    the pending one (:mod:`fedsketch.client_state`): twice the method's vectors.
+    """
+    return 2 * 4 * d * cfg.num_clients * get_method(cfg.strategy).state_vectors(cfg)
+
+
+def describe_client_state(cfg: RunConfig, d: int) -> str:
+    """The estimate of :func:`client_state_bytes` in words, for error messages and logs."""
+    vectors = get_method(cfg.strategy).state_vectors(cfg)
+    return (
+        f"{cfg.strategy} keeps {vectors} float32 vector(s) of d={d:,} per client, committed and pending: "
+        f"{cfg.num_clients:,} clients x {8 * d * vectors / 2**20:,.1f} MiB = {client_state_bytes(cfg, d) / 2**30:,.2f} "
+        "GiB of client state"
+    )
+
+
+def _check_disk(cfg: RunConfig, need: int, what: str) -> None:
+    """With ``client-state = "disk"``, the clients' state must fit on the out-dir's file system."""
+    root = Path(cfg.out_dir).resolve()
+    while not root.exists():
+        root = root.parent
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise ConfigError(
+            f"{what}, more than the {free / 2**30:,.2f} GiB free under {root} (setting 'client-state' = 'disk')"
+        )

@@ -1,0 +1,95 @@
+"""What each logical client is charged for what it receives.
+
+Every byte is a serialized record's (:func:`clients.messages.wire_bytes`). In
+simulation a Flower node carries a cohort of logical clients in one message;
+each client is charged what a message to it alone would carry: the model (or,
+with ``download = "sparse"``, the smaller of the model and its catch-up payload,
+:mod:`fedsketch.download`), the round's config with its own id, and any arrays
+sent to it alone. With one client per node (deployment) every message is one
+client's, and it is charged the message itself: a device that kept its model
+is sent, and charged, only its catch-up. A second exchange (Sketched-SGD's
+query, PowerSGD's P) is charged the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Message, MessageType, RecordDict
+
+from clients import messages
+from fedsketch import download, wire
+from fedsketch.books import Books
+from fedsketch.config import RunConfig
+from fedsketch.methods import ClientUpdate, Payload
+from strategies.plan import RoundPlan
+
+
+def count_download(
+    books: Books, cfg: RunConfig, plan: RoundPlan, model: ArrayRecord, weights: torch.Tensor, stateful: bool
+) -> None:
+    """Charge each sampled client the model (or its catch-up) and the round's config (with its settled round)."""
+    config_bytes = messages.config_bytes_per_client({**plan.config, wire.SETTLED: [0]} if stateful else plan.config)
+    dense = messages.wire_bytes(model)
+    cids = [cid for cids in plan.sent.values() for cid in cids]
+    if cfg.download != "sparse" or not cids:
+        books.add("download", (dense + config_bytes) * plan.sampled())
+        return
+    for cid in cids:
+        payload = download.catch_up(books.ledger, cid, plan.server_round, weights)
+        sparse = messages.wire_bytes(messages.payload_to_record(payload)) if payload is not None else dense + 1
+        books.add("download", min(dense, sparse) + config_bytes)
+        books.add("sparse_downloads", int(sparse < dense))
+
+
+def requests(books: Books, records: Mapping[int, ArrayRecord]) -> None:
+    """Charge each client the arrays sent to it alone."""
+    books.add("download", sum(messages.wire_bytes(record) for record in records.values()))
+
+
+def node_request(
+    books: Books, cfg: RunConfig, plan: RoundPlan, node: int, model: ArrayRecord, weights: torch.Tensor,
+    config: dict[str, Any], extras: Mapping[int, ArrayRecord],
+) -> RecordDict:  # fmt: skip
+    """One client per node: its message, the model or (a device that kept it) the smaller catch-up, billed as sent."""
+    cid = books.node_cid.get(node)
+    since = books.ledger.synced.get(cid) if cfg.download == "sparse" and cid is not None else None
+    content = messages.train_request(model, config, [], extras)
+    if since is not None and cid is not None:
+        payload = download.catch_up(books.ledger, cid, plan.server_round, weights)
+        caught_up = messages.train_request(
+            messages.payload_to_record(payload or {}),
+            {**config, wire.BASE_ROUND: since},
+            [],
+            extras,
+            key=wire.CATCH_UP_KEY,
+        )
+        if messages.wire_bytes(caught_up) < messages.wire_bytes(content):
+            content = caught_up
+            books.add("sparse_downloads", 1)
+    books.add("download", messages.wire_bytes(content))
+    return content
+
+
+def second_exchange(
+    books: Books, cfg: RunConfig, plan: RoundPlan, updates: list[ClientUpdate], query: Payload
+) -> tuple[dict[int, list[int]], list[Message]]:
+    """The requests of a second exchange to the clients of ``updates``, each client charged its query and config."""
+    wanted = {u.cid for u in updates}
+    if cfg.client_assignment == "cohort":
+        sent = {node: [c for c in cids if c in wanted] for node, cids in plan.sent.items()}
+        sent = {node: cids for node, cids in sent.items() if cids}
+    else:  # one client per node: it names itself
+        sent = {u.node: [] for u in updates}
+    record = messages.payload_to_record(query)
+    config: dict[str, Any] = {wire.ROUND: plan.server_round, wire.PHASE: 2}
+    books.add("download", (messages.wire_bytes(record) + messages.config_bytes_per_client(config)) * len(wanted))
+    requests = [
+        Message(content=messages.query_request(record, config, cids), message_type=MessageType.TRAIN,
+                dst_node_id=node)
+        for node, cids in sent.items()
+    ]  # fmt: skip
+    books.add("download_sent", sum(messages.wire_bytes(m.content) for m in requests))
+    return sent, requests

@@ -1,0 +1,295 @@
+"""The one Flower strategy: a thin round loop around a method's explicit state transition.
+
+Every method (:mod:`fedsketch.methods`) runs through this class; it holds, as
+plain values, the model's weights, the method's state and the run's books
+(:class:`fedsketch.books.Books`). One round: wait for nodes and sample logical
+clients (:mod:`strategies.plan`), send the model and count each client's
+download (:mod:`strategies.billing`), validate the replies
+(:mod:`strategies.replies`), clip or noise them (:mod:`strategies.guard`),
+apply the method's ``step`` unless too few clients answered or the result is
+not finite, evaluate on the server and append ``metrics.jsonl``. Secure
+aggregation (:mod:`strategies.secure`) replaces the exchange and calls
+:meth:`FedSketchStrategy.finish_round`; checkpoints (:mod:`strategies.resume`)
+save the same values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from torch import nn
+
+from clients import messages
+from fedsketch import download, runlog, schedule, wire
+from fedsketch.books import Books
+from fedsketch.config import RunConfig
+from fedsketch.evaluate import evaluate
+from fedsketch.flat import get_flat, set_flat
+from fedsketch.methods import ClientUpdate, Payload, Round, get_method
+from fedsketch.methods.method import Layout
+from fedsketch.privacy import privacy_metrics
+from strategies import billing, guard, plan, resume, secure
+from strategies.limits import ReplyLimits, spec_bytes
+from strategies.replies import RoundReplies, collect
+
+
+class FedSketchStrategy(Strategy):
+    """Sampling, messaging, byte accounting, evaluation and logging for any registered method.
+
+    Parameters
+    ----------
+    cfg
+        The run's configuration (already validated).
+    model
+        The global model (updated in place every round).
+    test_x, test_y
+        Held-out data for server-side evaluation.
+    out_dir
+        Where ``metrics.jsonl`` and ``config.json`` go; ``None`` writes nothing.
+    max_examples
+        The largest example count a client may claim (its weight); default: one batch for gradients.
+    """
+
+    def __init__(
+        self, cfg: RunConfig, model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
+        out_dir: Path | None = None, max_examples: int | None = None,
+    ) -> None:  # fmt: skip
+        self.cfg, self.method = cfg, get_method(cfg.strategy)
+        self.model = model
+        self.weights = get_flat(model)
+        self.d = self.weights.numel()
+        self.state = self.method.init(cfg, self.d, self.weights.device)
+        self.books = Books.start(self.d, cfg.download == "sparse")
+        self.test_x, self.test_y = test_x, test_y
+        self.out_dir = out_dir
+        self.history: list[dict[str, Any]] = []
+        default = cfg.local_batch_size if cfg.client_update == "gradient" else 2**31 - 1
+        self.max_examples = max_examples if max_examples is not None else default
+        self.dense_bytes = messages.wire_bytes(messages.payload_to_record({"update": np.zeros(self.d, np.float32)}))
+        self.noise = guard.noise_generator()
+        self.plan: plan.RoundPlan | None = None  # the current round's, while it runs
+        self.stateful = self.method.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
+        self.answered: list[int] = []  # clients whose second-exchange answers this round's step used
+
+    # ---------------------------------------------------------- Flower API
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample logical clients, spread them over nodes, build one message per node and bill it."""
+        self.plan = p = self.plan_round(server_round, config, grid)
+        targets = p.targets(self.books)
+        wanted = [cid for cids in targets.values() for cid in cids]
+        extras = {c: messages.payload_to_record(x) for c, x in self.method.requests(self.state, wanted, self.cfg,
+                                                                                       self.d).items()}  # fmt: skip
+        for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in targets.items()}
+        if self.cfg.client_assignment == "node":  # one client per message: it is billed as sent
+            contents = {node: billing.node_request(self.books, self.cfg, p, node, arrays, self.weights,
+                                                   self._node_config(p, targets[node]), for_node[node])
+                        for node in p.sent}  # fmt: skip
+        else:  # a cohort per message: each client is billed what a message to it alone would carry
+            billing.count_download(self.books, self.cfg, p, arrays, self.weights, self.stateful)
+            billing.requests(self.books, extras)
+            contents = {node: messages.train_request(arrays, self._node_config(p, targets[node]), cids, for_node[node])
+                        for node, cids in p.sent.items()}  # fmt: skip
+        self.books.add("download_sent", sum(messages.wire_bytes(c) for c in contents.values()))
+        return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
+
+    def _node_config(self, p: plan.RoundPlan, clients: list[int]) -> dict[str, Any]:
+        """The round's config, and for clients that keep state the last round each one's upload was applied."""
+        if not self.stateful:
+            return p.config
+        return {**p.config, wire.SETTLED: [self.books.applied.get(cid, -1) for cid in clients]}
+
+    def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
+        """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
+        self.answered = []
+        stateful = self.method.state_vectors(self.cfg) > 0
+        sent = plan.assign(self.cfg, server_round, grid, self.books, stateful)
+        base = {**dict(config), **self.method.round_config(self.cfg), "server-round": server_round}
+        echo: dict[str, Any] = dict(self.method.round_config(self.cfg))
+        if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
+            echo[wire.MODEL_CRC] = messages.model_crc(self.weights.cpu().numpy())  # must have trained on this
+        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, apply the method's step if enough clients answered."""
+        p = self._current(server_round)
+        layout = self.method.layout(self.cfg, self.d, server_round)
+        limits = self.reply_limits(layout, p.echo)
+        got = collect(replies, p.sent, layout, limits, self.method.diagnostic(self.cfg, self.d))
+        self.books.node_cid.update({u.node: u.cid for u in got.updates})
+        self.count_replies(got)
+        self.books.add("clients", len(got.updates))
+        self.books.add("dense", self.dense_bytes * len(got.updates))
+        return self.finish_round(server_round, got, len(got.updates))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Evaluation is centralized on the server's held-out set: no client messages."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
+        return None
+
+    def summary(self) -> None:
+        """Log the run's key settings."""
+        log(INFO, "%s: d=%d, %d of %d clients a round, %d rounds", self.cfg.strategy, self.d,
+            self.cfg.clients_per_round, self.cfg.num_clients, self.cfg.num_rounds)  # fmt: skip
+
+    # ------------------------------------------------------------ the loop
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+        timeout: float | None = None, train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:  # fmt: skip
+        """Run the rounds; the model starts from ``initial_arrays`` if given, else the strategy's own."""
+        if initial_arrays is not None:
+            self.set_weights(torch.as_tensor(initial_arrays["w"].numpy()).to(self.weights.device))
+        num_rounds = num_rounds if num_rounds is not None else self.cfg.num_rounds
+        self.summary()
+        if self.out_dir is not None:
+            runlog.write_config(self.cfg, self.out_dir)
+        first, spent = resume.restore(self)
+        start = time.perf_counter() - spent
+        for rnd in range(first, num_rounds + 1):
+            if self.cfg.secure_aggregation:
+                secure.secure_round(self, rnd, grid, train_config or ConfigRecord())
+            else:
+                arrays = messages.model_record(self.weights.cpu().numpy())
+                requests = self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid)
+                self.aggregate_train(rnd, grid.send_and_receive(requests, timeout=timeout or self.cfg.round_timeout))
+            if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
+                self.log_row(rnd, time.perf_counter() - start)
+            resume.checkpoint_round(self, rnd, num_rounds, time.perf_counter() - start)
+        result = Result()
+        result.arrays = messages.model_record(self.weights.cpu().numpy())
+        return result
+
+    def finish_round(
+        self, server_round: int, got: RoundReplies, contributors: int, screened: bool = False
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Apply the accepted updates unless too few clients contributed or the result is not finite.
+
+        ``screened``: the updates were already clipped where they came from (secure aggregation).
+        """
+        if contributors < self.cfg.min_replies:
+            why = f"{contributors} valid replies < min-replies {self.cfg.min_replies}"
+            return self.skip(server_round, got, why, contributors)
+        updates = (
+            got.updates
+            if screened
+            else guard.screen(self.cfg, self.method, self.books, self.noise, self.d, got.updates)
+        )
+        rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device, self._exchange())
+        state, delta = self.method.step(self.state, rnd, self.cfg)
+        if not guard.all_finite(delta) or not guard.all_finite(state):
+            why = "the update is not finite (huge client values?); state rolled back"
+            return self.skip(server_round, got, why, contributors)
+        before = self.weights
+        self.state = state
+        self.set_weights(self.weights - delta)
+        if self.stateful:  # these clients' pending states now count: tell them in their next request
+            used = self.answered if self.method.commit == "answer" else [u.cid for u in updates]
+            self.books.applied.update(dict.fromkeys(used, server_round))
+        if self.cfg.download == "sparse":
+            download.record_update(self.books.ledger, server_round, before, self.weights)
+        losses = [u.loss for u in got.updates if u.loss == u.loss]
+        self.books.last_loss = float(np.mean(losses)) if losses else float("nan")
+        self.round_done(server_round, got, None, contributors)
+        return messages.model_record(self.weights.cpu().numpy()), MetricRecord({"train-loss": self.books.last_loss})
+
+    def skip(self, server_round: int, got: RoundReplies, why: str, contributors: int) -> tuple[None, MetricRecord]:
+        """A round whose update is not applied: the model and the method's state stay as they were."""
+        log(WARNING, "round %d not applied: %s", server_round, why)
+        self.books.add("skipped_rounds", 1)
+        self.round_done(server_round, got, why, contributors)
+        return None, MetricRecord({"clients": contributors, "failures": got.failed})
+
+    # ------------------------------------------------------------- helpers
+    def set_weights(self, weights: torch.Tensor) -> None:
+        """The new global model (flat weights, written into the module too)."""
+        self.weights = weights
+        set_flat(self.model, weights)
+
+    def lr_at(self, server_round: int) -> float:
+        """This round's server learning rate (see :mod:`fedsketch.schedule`)."""
+        return schedule.lr_at(self.cfg.lr_schedule, self.cfg.lr, server_round, self.cfg.num_rounds)
+
+    def reply_limits(self, layout: Layout, echo: dict[str, Any]) -> ReplyLimits:
+        """What one client's reply may be: exact layouts bound their own size; decoders get twice dense."""
+        if callable(layout):
+            max_bytes, max_arrays = 2 * self.dense_bytes + 2**16, 16
+        else:
+            max_bytes, max_arrays = spec_bytes(list(layout.values())), len(layout)
+        return ReplyLimits(self.max_examples, max_bytes, max_arrays, echo, self.cfg.num_clients)
+
+    def count_replies(self, got: RoundReplies) -> None:
+        """Bill what the replies carried, and count who failed and how."""
+        self.books.add("upload", got.upload_bytes)
+        self.books.add("diagnostic", got.diagnostic_bytes)
+        self.count_failures(got)
+
+    def count_failures(self, got: RoundReplies) -> None:
+        """Count the clients that were asked and did not contribute, by kind."""
+        for key, amount in (("failures", got.failed), ("timeouts", got.timeouts), ("client_errors", got.errors),
+                            ("rejected", got.rejected)):  # fmt: skip
+            self.books.add(key, amount)
+
+    def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
+        """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied."""
+        if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
+            download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
+            download.mark_synced(self.books.ledger, [u.cid for u in got.updates], server_round)
+        if self.out_dir is None or self.plan is None:
+            return
+        row = {"round": server_round, "sampled": self.plan.sampled(), "clients": contributors,
+               "timeouts": got.timeouts, "client_errors": got.errors, "rejected": got.rejected,
+               "applied": skipped is None, "reason": skipped or ""}  # fmt: skip
+        runlog.append_metrics(self.out_dir, row, runlog.ROUNDS)
+
+    def log_row(self, server_round: int, wall_s: float) -> None:
+        """Evaluate the model and append one row to ``metrics.jsonl``."""
+        acc, loss = evaluate(self.model, self.test_x, self.test_y)
+        self.state, extra = self.method.report(self.state, self.cfg)
+        row = runlog.metrics_row(self.cfg, server_round, acc, loss, self.books, wall_s)
+        self.history.append({**row, **privacy_metrics(self.cfg, self.books.dp_rounds), **extra})
+        log(INFO, "round %d: accuracy %.4f, loss %.4f, up %d B, down %d B",
+            server_round, acc, loss, row["cum_upload_bytes"], row["cum_download_bytes"])  # fmt: skip
+        if self.out_dir is not None:
+            runlog.append_metrics(self.out_dir, self.history[-1])
+
+    def _current(self, server_round: int) -> plan.RoundPlan:
+        if self.plan is None or self.plan.server_round != server_round:
+            raise RuntimeError(f"round {server_round} was not configured by this strategy (configure_train first)")
+        return self.plan
+
+    def _exchange(self) -> Callable[[list[ClientUpdate], Payload, Layout], list[ClientUpdate]]:
+        """A second request within the round to the clients of ``updates`` (Sketched-SGD), billed both ways."""
+
+        def ask(updates: list[ClientUpdate], query: Payload, layout: Layout) -> list[ClientUpdate]:
+            p = self.plan
+            if p is None:
+                raise RuntimeError("a second exchange needs a round in progress")
+            sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query)
+            replies = p.grid.send_and_receive(requests, timeout=self.cfg.round_timeout)
+            got = collect(replies, sent, layout, self.reply_limits(layout, {}))
+            self.count_replies(got)
+            self.answered = [u.cid for u in got.updates]
+            return got.updates
+
+        return ask

@@ -1,0 +1,107 @@
+"""The method registry: every method has every part, and every tool reads the registry.
+
+A method is one record (:mod:`fedsketch.methods`); the config's choices, sweeps,
+the settings page and the methods table derive from it. Each method is also
+driven once through its own parts on a tiny model: encode, the layout check,
+init, step (with its second exchange, if it has one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from method_helpers import encode
+
+from experiments.settings_doc import main as settings_doc
+from experiments.sweep import SWEEP_KEYS
+from fedsketch.config import DECLARED, RunConfig, field_keys
+from fedsketch.flat import num_params
+from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
+from fedsketch.methods.method import Layout, Payload
+from fedsketch.task import load_data, make_model
+from fedsketch.validate import CHOICES
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"num-clients": 10, "clients-per-round": 3, "model-hidden": 8, "k": 20, "sketch-rows": 3, "sketch-cols": 64}
+
+
+def test_the_registry_is_the_strategy_choice() -> None:
+    assert tuple(REGISTRY) == NAMES == CHOICES["strategy"] and len(set(NAMES)) == len(METHODS)
+    assert all(REGISTRY[name].name == name for name in NAMES)
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_every_method_has_every_part(method: object) -> None:
+    m = get_method(method.name)  # type: ignore[attr-defined]
+    for part in ("upload", "client_state", "paper"):
+        assert isinstance(getattr(m, part), str) and getattr(m, part), f"{m.name} has no {part} line"
+    for part in ("encode", "layout", "init", "step", "state_vectors", "round_config", "requests", "sensitivity",
+                 "report", "diagnostic", "check"):  # fmt: skip
+        assert callable(getattr(m, part)), f"{m.name}.{part} is not callable"
+    known = set(field_keys()) | set(DECLARED)
+    assert set(m.uses) <= known, f"{m.name} reads unknown settings {set(m.uses) - known}"
+    assert all(s.key in DECLARED for s in m.settings)
+    for key in m.sweep:
+        assert m.reads(key), f"{m.name} sweeps {key!r}, which it does not read"
+        assert m.name in SWEEP_KEYS[key].strategies
+    if m.linear:
+        assert m.norm is not None, f"{m.name}: uploads that add up can be clipped"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_method_runs_one_round_through_its_own_parts(name: str) -> None:
+    """Encode three clients, check each payload against the layout, init, one step: a finite update of size d."""
+    cfg = RunConfig.from_mapping({**TINY, "strategy": name})
+    method = get_method(name)
+    d = num_params(make_model(cfg, load_data(cfg)))  # methods may follow the model's shapes (PowerSGD)
+    requests = method.requests(method.init(cfg, d, torch.device("cpu")), [0, 1, 2], cfg, d)
+    gen = torch.Generator().manual_seed(1)
+    updates, kept = [], {}
+    for cid in range(3):
+        payload, kept[cid] = encode(cfg, torch.randn(d, generator=gen), cid=cid, request=requests.get(cid))
+        assert bool(kept[cid]) == (method.state_vectors(cfg) > 0)
+        decoded = _checked(method.layout(cfg, d, 1), payload)
+        updates.append(ClientUpdate(cid, payload, 10 + cid, 0.5, 0, decoded=decoded))
+
+    def exchange(asked: list[ClientUpdate], query: Payload, layout: Layout) -> list[ClientUpdate]:
+        assert method.answer is not None, f"{name} asked for a second exchange but has no answer"
+        answers = [(u, method.answer(kept[u.cid], query, cfg)[0]) for u in asked]
+        return [ClientUpdate(u.cid, a, u.num_examples, 0.0, 0, decoded=_checked(layout, a)) for u, a in answers]
+
+    state = method.init(cfg, d, torch.device("cpu"))
+    state, delta = method.step(state, Round(1, 0.1, updates, d, torch.device("cpu"), exchange), cfg)
+    assert delta.shape == (d,) and bool(torch.isfinite(delta).all()) and bool(delta.abs().sum() > 0)
+
+
+def _checked(layout: Layout, payload: Payload) -> object:
+    """What the server's validation makes of a payload: decoded, or checked against the exact layout."""
+    if callable(layout):
+        return layout(payload)
+    assert set(payload) == set(layout)
+    for key, (shape, dtype) in layout.items():
+        assert payload[key].shape == shape and payload[key].dtype == dtype
+    return None
+
+
+def test_pyproject_and_the_settings_page_list_every_declared_setting() -> None:
+    assert settings_doc(["--check"]) == 0, "docs/settings.md is out of date: run python -m experiments.settings_doc"
+    text = (ROOT / "pyproject.toml").read_text()
+    for key in DECLARED:
+        assert f"\n{key} = " in text, f"pyproject.toml's [tool.flwr.app.config] lacks {key}"
+    assert len(fields(RunConfig)) - 1 + len(DECLARED) == len(RunConfig().to_mapping())
+
+
+def test_the_methods_page_lists_every_method() -> None:
+    text = (ROOT / "docs" / "methods.md").read_text()
+    missing = [m.name for m in METHODS if f"`{m.name}`" not in text]
+    assert not missing, f"docs/methods.md does not list {missing}"
+
+
+def test_every_sweep_key_is_a_setting() -> None:
+    known = set(field_keys()) | set(DECLARED)
+    assert set(SWEEP_KEYS) <= known
+    assert np.all([bool(key.strategies) for key in SWEEP_KEYS.values()])
