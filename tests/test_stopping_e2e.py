@@ -44,7 +44,7 @@ class Command:
     """One ``python -m experiments.cli ...`` process and everything it starts (found by the test's marker)."""
 
     def __init__(self, tmp: Path, name: str, args: list[str], ignore_sigint: bool = False) -> None:
-        self.mark, self.log = f"{name}-{uuid.uuid4().hex}", tmp / f"{name}.log"
+        self.tmp, self.mark, self.log = tmp, f"{name}-{uuid.uuid4().hex}", tmp / f"{name}.log"
         env = dict(os.environ, PYTHONPATH=str(ROOT), FEDSKETCH_STATE_DIR=str(tmp / "state"), **{MARK: self.mark})
         # A script's ``cmd &`` starts a command with SIGINT ignored: that is how the issue's Ctrl-C went unheard.
         ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
@@ -62,10 +62,21 @@ class Command:
     def wait_for(self, what: str, ready: Callable[[], bool], timeout: float = 480.0) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            ended = self.proc.poll()
+            if ended is not None or time.monotonic() > deadline:
+                why = f"exit code {ended}" if ended is not None else f"still running after {timeout:.0f} s"
+                running, logs = names(self.processes()), self.logs()
                 self.kill()
-                pytest.fail(f"waiting for {what}: exit code {self.proc.returncode}\n{self.output()[-3000:]}")
+                pytest.fail(f"waiting for {what}: {why}\n{self.output()[-3000:]}\nits processes:\n{running}\n{logs}")
             time.sleep(0.2)
+
+    def logs(self) -> str:
+        """The end of every other log under the test's folder (Flower's, the SuperLink's, each SuperNode's)."""
+        tails = []
+        for path in sorted(self.tmp.rglob("*.log")):
+            if path != self.log:
+                tails.append(f"--- {path.relative_to(self.tmp)}\n{path.read_text(errors='replace')[-1500:]}")
+        return "\n".join(tails)
 
     def wait_for_line(self, text: str) -> None:
         self.wait_for(repr(text), lambda: text in self.output())
