@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,8 +236,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 except stopping.Skipped:
                     try:
                         fed.stop_runs()  # the skipped run's ServerApp would go on on the shared SuperLink
+                        start = time.monotonic()
+                        fed.restart_supernodes()  # one may hold a message of the skipped run for good
+                        print(f"fedsketch: restarted the {args.supernodes} SuperNodes for the next run "
+                              f"({time.monotonic() - start:.1f} s)")  # fmt: skip
                     except RuntimeError as exc:
-                        print(f"fedsketch: the skipped run may still run on the SuperLink: {exc}")
+                        print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
                     raise
 
             results = runner.run_all(experiment, execute)

@@ -191,6 +191,27 @@ class LocalFederation:
         proc.wait()
         stop_env_processes("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"))
 
+    def restart_supernodes(self) -> None:
+        """Stop every SuperNode, wait until the SuperLink has dropped them, start them again and wait for them.
+
+        Flower 1.41's SuperNode, once it has pulled a message, waits for the
+        reply before it pulls again, with no timeout (``_push_messages``): one
+        that pulled a message of a run stopped mid-round never serves another.
+        """
+        ids = [int(name.removeprefix("supernode-")) for name in self.procs if name.startswith("supernode-")]
+        old = set(self.online_nodes())
+        for i in ids:
+            stop_group(self.procs.pop(f"supernode-{i}"), grace_s=5.0)
+            stop_env_processes("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{i}"))
+        # Until the SuperLink drops them (their heartbeat lapses: up to 2 x 30 s), the old nodes would be
+        # sampled and never answer, and an authenticated key could not be activated again.
+        deadline = time.monotonic() + 120.0
+        while old & set(self.online_nodes()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        for i in ids:
+            self.start_supernode(i)
+        self.wait_online(len(ids))
+
     def online_nodes(self) -> list[int]:
         """Ids of the SuperNodes the SuperLink reports online.
 

@@ -218,6 +218,7 @@ def test_deploy_skips_a_strategy_on_sigusr1_and_stops_every_supernode_on_ctrl_c(
     cmd.proc.send_signal(signal.SIGUSR1)
     cmd.wait_for_training("fedavg")  # the skipped run's ServerApp no longer holds the nodes
     assert stopped(tmp_path / "runs" / "dstop" / "fetchsgd")[:2] == ("skipped", "SIGUSR1")
+    assert "restarted the 2 SuperNodes for the next run" in cmd.output()  # none holds a message of fetchsgd's
     assert names(cmd.processes()).count("flwr-serverapp") == 1
     code, seconds = cmd.signal(signal.SIGINT)
     with capsys.disabled():
