@@ -135,7 +135,7 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, log_x: bool) -> None
         ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap when the range is narrow
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title if len(title) <= 55 else title.replace(": ", ":\n", 1))  # a long one is cut off by the edge
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
 

@@ -221,23 +221,23 @@ def _rounds_panel(ax: Any, points: list[Point], colours: dict[str, str]) -> None
 
 def table(points: list[Point]) -> str:
     """The figure's numbers as Markdown, one row per FetchSGD run."""
-    header = ("| model | k (of d) | rows x cols | cols per k | upload compression | recall, mean | recall, last row"
-              " | FetchSGD acc. | true top-k acc. | gap (points) |")  # fmt: skip
-    lines = [header, "|" + "---|" * 10]
+    header = ("| experiment | model | k (of d) | rows x cols | cols per k | upload compression | recall, mean"
+              " | recall, last row | FetchSGD acc. | true top-k acc. | gap (points) |")  # fmt: skip
+    lines = [header, "|" + "---|" * 11]
     for p in sorted(points, key=_order):
         s = p.run.settings
         topk = "" if p.topk_accuracy is None else f"{p.topk_accuracy:.4f}"
         gap = "" if p.gap is None else f"{p.gap:+.1f}"
         lines.append(
-            f"| {p.run.model} | {p.run.k:,} ({p.k_fraction:.2%}) | {s['sketch-rows']} x {int(s['sketch-cols']):,} "
+            f"| {p.run.experiment} | {p.run.model} | {p.run.k:,} ({p.k_fraction:.2%}) | {s['sketch-rows']} x {int(s['sketch-cols']):,} "
             f"| {p.cols_per_k:g} | {p.run.upload_compression:.1f}x | {p.run.mean_recall:.3f} | {p.run.recall[-1]:.3f} "
             f"| {p.run.accuracy:.4f} | {topk} | {gap} |"
         )
     return "\n".join(lines)
 
 
-def _order(p: Point) -> tuple[str, int, int, float]:
-    return p.run.model, p.run.k, int(p.run.settings["sketch-rows"]), p.cols_per_k
+def _order(p: Point) -> tuple[str, str, int, int, float]:
+    return p.run.experiment, p.run.model, p.run.k, int(p.run.settings["sketch-rows"]), p.cols_per_k
 
 
 def _near(value: float, target: float) -> bool:

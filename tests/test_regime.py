@@ -67,7 +67,10 @@ def test_the_figure_and_table_are_written(runs: Path, tmp_path: Path) -> None:
     path = regime.draw(points, tmp_path / "out")
     assert path.name == regime.FIGURE and path.stat().st_size > 10_000
     table = regime.table(points)
-    assert "| 3 x 3,000 | 3 | 11.0x | 0.450 | 0.300 | 0.7000 | 0.7500 | -5.0 |" in table
+    assert (
+        "| regime-a | mlp 0.10M (synthetic) | 1,000 (1.00%) | 3 x 3,000 | 3 | 11.0x | 0.450 | 0.300 | 0.7000 | 0.7500 | -5.0 |"
+        in table
+    )
 
 
 def test_no_regime_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
