@@ -129,7 +129,7 @@ class TreeMemory:
 
     def run(self) -> None:
         """Sample every 0.2 s until :meth:`stop`."""
-        from experiments.launch import processes_with_env
+        from experiments.procs import processes_with_env
 
         while not self._stop:
             total = sum(_pss_kb(pid) for pid in processes_with_env("FLWR_HOME", str(self.home)))

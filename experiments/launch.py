@@ -11,6 +11,7 @@ to the terminal.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -20,11 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
 
-from experiments.procs import processes_with_env, start_time
+from experiments import procs
+from fedsketch import runlog
 
 CONNECTION = "fedsketch-sim"
 
@@ -91,6 +94,7 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         RAY_DEDUP_LOGS="0",
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",  # Flower's default 1 s: up to a second before a run starts
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -132,21 +136,9 @@ def stop_pid_group(pid: int, grace_s: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def stop_env_processes(key: str, value: str, grace_s: float = 5.0) -> None:
-    """SIGTERM every process carrying ``key=value``, then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = processes_with_env(key, value)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if start_time(p) is not None]
-            time.sleep(0.1)
-        if not pids:
-            return
+def stop_env_processes(key: str, value: str, grace_s: float = 5.0, seen: procs.Seen | None = None) -> None:
+    """SIGTERM every process carrying ``key=value`` (and their descendants), then SIGKILL what is left."""
+    procs.stop_carrying(key, value, grace_s, seen=seen)
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_file: Path) -> None:
@@ -171,8 +163,14 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_f
 
 
 @contextmanager
-def simulation_superlink(flwr_home: Path, federation: Federation, log_file: Path) -> Iterator[dict[str, str]]:
-    """A private simulation SuperLink; yields the environment for ``flwr`` commands."""
+def simulation_superlink(
+    flwr_home: Path, federation: Federation, log_file: Path, finished: Callable[[], bool] = lambda: False
+) -> Iterator[dict[str, str]]:
+    """A private simulation SuperLink; yields the environment for ``flwr`` commands.
+
+    On the way out every process of it is stopped: SIGTERM, then SIGKILL after
+    5 s, or after 1 s once ``finished()`` says the run kept all it needs.
+    """
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     (flwr_home / "config.toml").write_text(federation.toml(f"127.0.0.1:{port}"), encoding="utf-8")
@@ -184,9 +182,12 @@ def simulation_superlink(flwr_home: Path, federation: Federation, log_file: Path
     try:
         wait_healthy(port, proc, 60.0, log_file)
         yield env
-    finally:
-        stop_group(proc)
-        stop_env_processes("FLWR_HOME", str(flwr_home))
+    finally:  # what runs now, found before the SuperLink goes: Ray's agents lose their parent with it
+        seen: procs.Seen = {}
+        procs.carrying("FLWR_HOME", str(flwr_home), seen)
+        grace_s = 1.0 if finished() else 5.0
+        stop_group(proc, grace_s)
+        stop_env_processes("FLWR_HOME", str(flwr_home), grace_s, seen)
 
 
 def flwr_run(
@@ -199,11 +200,15 @@ def flwr_run(
     """``flwr run APP --run-config FILE --stream`` against a private SuperLink.
 
     ``poll`` is called about twice a second while the run goes on (progress).
-    Returns the exit code of ``flwr run``.
+    Once the ServerApp has marked the run done in ``work_dir``
+    (:func:`fedsketch.runlog.mark_server_done`: everything the run keeps is
+    written), Flower's processes are stopped at once rather than left to their
+    own teardown. Returns 0 then, else the exit code of ``flwr run``.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "flower.log"
-    with simulation_superlink(work_dir / "flwr-home", federation, log_file) as env:
+    finished = partial(runlog.server_done, work_dir)
+    with simulation_superlink(work_dir / "flwr-home", federation, log_file, finished) as env:
         cmd = [
             bin_path("flwr"),
             "run",
@@ -221,13 +226,17 @@ def flwr_run(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        done = False
         try:
-            while proc.poll() is None:
-                if poll is not None:
+            for tick in itertools.count():
+                if proc.poll() is not None or done:
+                    break
+                if poll is not None and tick % 5 == 0:
                     poll()
-                time.sleep(0.5)
+                time.sleep(0.1)
+                done = finished()
         finally:
             stop_group(proc)
         if poll is not None:
             poll()
-        return int(proc.returncode or 0)
+        return 0 if done else int(proc.returncode or 0)

@@ -12,7 +12,12 @@ for it) and the descendants of the ones found.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
+
+Seen = dict[int, int | None]
+"""Processes found once: pid -> start time, so a reused pid is not taken for the one found."""
 
 
 def processes_with_env(key: str, value: str) -> list[int]:
@@ -55,3 +60,49 @@ def descendants(roots: set[int]) -> set[int]:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - below - roots
         below |= frontier
     return below
+
+
+def carrying(key: str, value: str, seen: Seen | None = None) -> list[int]:
+    """PIDs of the live processes whose environment holds ``key=value``, their children, and those in ``seen``.
+
+    ``seen`` (updated here) keeps a process found once, however it renames
+    itself, until it exits; its descendants are found through it.
+    """
+    found = set(processes_with_env(key, value))
+    if seen is not None:
+        found |= {pid for pid, start in seen.items() if start is not None and start_time(pid) == start}
+        found |= descendants(found)
+        for pid in found:
+            seen.setdefault(pid, start_time(pid))
+    return sorted(pid for pid in found if pid != os.getpid() and start_time(pid) is not None)
+
+
+def stop_carrying(key: str, value: str, grace_s: float, first: int = signal.SIGTERM, seen: Seen | None = None) -> int:
+    """Signal every process carrying ``key=value`` (and each one in ``seen``), SIGKILL those left after ``grace_s``.
+
+    Returns how many there were, once none is left (``first=SIGKILL``: kill at
+    once, only wait for the kernel to end them). Pass ``seen`` from an earlier
+    :func:`carrying` to also stop what was found before its parents went away.
+    """
+    seen = {} if seen is None else seen
+    left = carrying(key, value, seen)
+    _signal_all(left, first)
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = carrying(key, value, seen)  # a dying parent may still start one: it is found here
+    for _ in range(20):  # SIGKILL cannot be refused; the loop only waits for the kernel
+        if not left:
+            break
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.1)
+        left = carrying(key, value, seen)
+    return len(seen)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

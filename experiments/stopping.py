@@ -27,7 +27,6 @@ import secrets
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -84,47 +83,10 @@ def state_dir() -> Path:
 def stop_token(token: str, grace_s: float = GRACE_S, first: int = signal.SIGTERM) -> int:
     """SIGTERM every process carrying ``token``, SIGKILL those left after ``grace_s``; returns how many there were.
 
-    Returns once none is left (``first=SIGKILL``: kill at once, only wait for the kernel to end them).
-    A process once found stays tracked until it is gone: Ray's processes rename themselves, which
-    can overwrite the environment ``/proc`` shows, token included.
+    Returns once none is left (``first=SIGKILL``: kill at once). A process once
+    found stays tracked until it is gone (:func:`experiments.procs.carrying`).
     """
-    seen: dict[int, int | None] = {}
-    left = _carrying(token, seen)
-    _signal_all(left, first)
-    deadline = time.monotonic() + grace_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = _carrying(token, seen)  # a dying parent may still start one: it is found here
-    for _ in range(20):  # SIGKILL cannot be refused; the loop only waits for the kernel
-        if not left:
-            break
-        _signal_all(left, signal.SIGKILL)
-        time.sleep(0.1)
-        left = _carrying(token, seen)
-    return len(seen)
-
-
-def _carrying(token: str, seen: dict[int, int | None] | None = None) -> list[int]:
-    """PIDs of the live processes whose environment holds ``token``, their children, and those in ``seen``.
-
-    ``seen`` (pid -> start time, updated here) keeps a process found once, however it renames itself,
-    until it exits; a reused pid (another start time) is not taken for it.
-    """
-    found = set(procs.processes_with_env(TOKEN_VAR, token))
-    if seen is not None:
-        found |= {pid for pid, start in seen.items() if start is not None and procs.start_time(pid) == start}
-        found |= procs.descendants(found)
-        for pid in found:
-            seen.setdefault(pid, procs.start_time(pid))
-    return sorted(pid for pid in found if pid != os.getpid() and procs.start_time(pid) is not None)
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    return procs.stop_carrying(TOKEN_VAR, token, grace_s, first)
 
 
 def checked(poll: Callable[[], None]) -> Callable[[], None]:

@@ -27,6 +27,8 @@ from fedsketch.config import RunConfig
 
 ROUNDS = "rounds.jsonl"
 STATUS = "status.json"
+SERVER_DONE = "server_done.json"
+"""Written by the ServerApp as its last act: everything the run keeps is on disk (see :func:`mark_server_done`)."""
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
@@ -128,8 +130,26 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def clear_status(path: Path) -> None:
-    """Forget that the run was stopped (it is about to run again)."""
+    """Forget that the run was stopped, or that its server finished (it is about to run again)."""
     (path / STATUS).unlink(missing_ok=True)
+    (path / SERVER_DONE).unlink(missing_ok=True)
+
+
+def mark_server_done(path: Path, num_rounds: int) -> None:
+    """The ServerApp's last act: its metrics, checkpoint and client-state clean-up are all done.
+
+    The launcher then stops Flower's processes at once instead of waiting for
+    the simulation's own teardown (stopping Ray's actors and services, returning
+    the logs: 4-5 s a run on a 2-core machine), which keeps nothing the run needs.
+    """
+    rows = read_metrics(path)
+    done = {"round": rows[-1]["round"] if rows else 0, "num-rounds": num_rounds, "unix-time": time.time()}
+    _atomic_write(path / SERVER_DONE, json.dumps(done, sort_keys=True) + "\n")
+
+
+def server_done(path: Path) -> bool:
+    """Whether the ServerApp of the run in ``path`` has finished (:func:`mark_server_done`)."""
+    return (path / SERVER_DONE).exists()
 
 
 def status_note(status: dict[str, Any]) -> str:

@@ -53,9 +53,11 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     cfg = RunConfig.from_mapping(context.run_config)
     poll_replies_sooner(grid, cfg.reply_poll_s)
-    strategy = build_strategy(cfg, runlog.run_dir(cfg))
+    out_dir = runlog.run_dir(cfg)
+    strategy = build_strategy(cfg, out_dir)
     if cfg.client_state == "disk":  # a fresh run; no earlier run's states left on this disk
         clear_states(cfg)
     strategy.start(grid)
     if cfg.client_state == "disk":  # of no use once the run has ended (and possibly gigabytes)
         clear_states(cfg)
+    runlog.mark_server_done(out_dir, cfg.num_rounds)

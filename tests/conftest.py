@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWER_PROCESSES = "flower-superlink|flower-supernode|flwr-clientapp|flwr-serverapp|raylet"
+FLOWER_PROCESSES = "flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
 # Every process this test session starts inherits this variable, so the check
 # below sees only our own processes, never those of other work on the machine.
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
@@ -20,10 +20,32 @@ os.environ.setdefault(SESSION_TAG, str(os.getpid()))
 os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
 
 
-def flower_pids() -> set[int]:
-    """PIDs of Flower/Ray processes that this test session started, running now."""
+def flower_pids(since: float | None = None) -> set[int]:
+    """PIDs of Flower/Ray processes that this test session started, running now.
+
+    With ``since`` (seconds since boot), also those started since then that no
+    longer show any environment of this session's: a Ray process that renames
+    itself can overwrite what ``/proc`` shows of its environment.
+    """
     out = subprocess.run(["pgrep", "-f", FLOWER_PROCESSES], capture_output=True, text=True, check=False)
-    return {pid for pid in map(int, out.stdout.split()) if _ours(pid)}
+    return {pid for pid in map(int, out.stdout.split()) if _ours(pid) or _renamed_since(pid, since)}
+
+
+def uptime_s() -> float:
+    """Seconds since boot (the clock of ``/proc/PID/stat``'s start times)."""
+    return float(Path("/proc/uptime").read_text().split()[0]) if Path("/proc/uptime").exists() else 0.0
+
+
+def _renamed_since(pid: int, since: float | None) -> bool:
+    if since is None or not Path("/proc").is_dir():
+        return False
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    started = int(stat[19]) / os.sysconf("SC_CLK_TCK")
+    return stat[0] != "Z" and SESSION_TAG.encode() not in env and started >= since
 
 
 def _ours(pid: int) -> bool:
@@ -40,9 +62,9 @@ def _ours(pid: int) -> bool:
 @pytest.fixture
 def no_leftover_processes() -> Iterator[None]:
     """Fail the test if it leaves Flower or Ray processes behind."""
-    before = flower_pids()
+    since, before = uptime_s(), flower_pids()
     yield
-    left = flower_pids() - before
+    left = flower_pids(since) - before
     for pid in left:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left, f"processes left behind: {sorted(left)}"

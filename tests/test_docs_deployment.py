@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.launch import free_port, processes_with_env, stop_env_processes
+from experiments.launch import free_port, stop_env_processes
+from experiments.procs import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "deployment.md"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.launch import processes_with_env
+from experiments.procs import processes_with_env
 from fedsketch import checkpoint
 from fedsketch.config import RunConfig
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments import runner
-from fedsketch import runlog
+from fedsketch import checkpoint, runlog
 from fedsketch.config import ConfigError
 
 
@@ -85,3 +85,18 @@ def test_finished_runs_are_skipped_and_unfinished_ones_restarted(tmp_path: Path)
     assert [o for _, o in runner.run_all(exp, fake_flower)] == ["already finished", "finished"]
     assert calls == ["fetchsgd", "fedavg", "fedavg"]
     assert len(runlog.read_metrics(fedavg_dir)) == 2
+
+
+def test_a_run_that_starts_again_does_not_inherit_the_last_attempts_server_done_mark(tmp_path: Path) -> None:
+    """The launcher stops Flower as soon as the mark appears: a stale one would end the new attempt at once."""
+    overrides = {"out-dir": str(tmp_path), "num-rounds": 2, "checkpoint-every": 1}
+    cfg = runner.load_experiment(runner.DEFAULT_CONFIG, overrides, strategies=["fetchsgd"]).runs[0]
+    path = runner.prepare(cfg)
+    runlog.write_config(cfg, path)
+    runlog.append_metrics(path, {"round": 1, "strategy": cfg.strategy})
+    (path / checkpoint.FILE).write_bytes(b"a checkpoint after round 1")
+    runlog.mark_server_done(path, cfg.num_rounds)
+    assert runlog.server_done(path)
+    assert json.loads((path / runlog.SERVER_DONE).read_text())["round"] == 1
+    assert runner.is_resumable(cfg)  # its folder is kept: the mark must go by itself
+    assert not runlog.server_done(runner.prepare(cfg))

@@ -14,6 +14,7 @@ import pytest
 from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.launch import free_port, stop_env_processes, stop_pid_group
+from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -40,6 +41,8 @@ def test_fedsketch_run_trains_fetchsgd_and_fedavg_and_counts_serialized_bytes(
         _rows(tmp_path / "tiny" / "fedavg"),
     )
     assert [r["round"] for r in fetch] == [1, 2, 3]
+    # Each ServerApp marked its run done; the launcher then stopped Flower without waiting for its teardown.
+    assert all(runlog.server_done(tmp_path / "tiny" / name) for name in ("fetchsgd", "fedavg"))
     assert fetch[-1]["test_loss"] < fetch[0]["test_loss"]
     assert fetch[-1]["test_accuracy"] > max(0.3, fetch[0]["test_accuracy"] + 0.1)  # chance: about 0.1
     # Bytes: every client's reply is a (3, 5000) float32 table plus a metrics record of a few

@@ -17,7 +17,7 @@ import pytest
 
 from experiments import procs, runner, stopping
 from experiments.cli import main as fedsketch_main
-from experiments.launch import processes_with_env
+from experiments.procs import processes_with_env
 from fedsketch import checkpoint, runlog
 from fedsketch.config import RunConfig
 

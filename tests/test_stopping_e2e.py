@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main as fedsketch_main
-from experiments.launch import processes_with_env
+from experiments.procs import processes_with_env
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
