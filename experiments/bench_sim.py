@@ -156,7 +156,7 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     import torch
 
     from experiments import runner
-    from experiments.launch import Federation, flwr_run, gpus_per_node
+    from experiments.launch import Federation, cpus_per_node, flwr_run, gpus_per_node
     from fedsketch import runlog
 
     path = runner.prepare(cfg)
@@ -164,9 +164,8 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     sampler = threading.Thread(target=memory.run, daemon=True)
     sampler.start()
     t0 = time.time()
-    federation = Federation(
-        num_supernodes=supernodes, gpus_per_client=gpus_per_node(supernodes, None, torch.cuda.device_count())
-    )
+    gpus = gpus_per_node(supernodes, None, torch.cuda.device_count())
+    federation = Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=gpus)
     code = flwr_run(APP_DIR, path / "run_config.toml", federation, path)
     memory.stop()
     sampler.join()

@@ -94,16 +94,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _federation(supernodes: int, gpus: float | None) -> Federation:
-    """The simulated nodes and their share of the GPUs (see :func:`experiments.launch.gpus_per_node`)."""
+    """The simulated nodes and their share of the CPUs and GPUs (:mod:`experiments.launch`)."""
     import torch
 
-    from experiments.launch import Federation, gpus_per_node
+    from experiments.launch import Federation, cpus_per_node, gpus_per_node
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Federation(num_supernodes=supernodes, gpus_per_client=share)
+    return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=share)
 
 
 def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:

@@ -51,6 +51,21 @@ class Federation:
         )
 
 
+def cpus_per_node(num_supernodes: int, cores: int | None = None) -> int:
+    """Each simulated node's CPUs (Ray's ``num-cpus`` per ClientApp worker): the machine's cores split evenly.
+
+    Flower's Ray backend starts as many ClientApp workers as the machine's
+    CPUs hold at ``num-cpus`` each, whatever the number of nodes, and a node's
+    message runs on one worker at a time. At one CPU each, a one-node run on a
+    2-core machine trains on one thread beside an idle worker that holds its own
+    torch and data (about 700 MB in docs/simulation.md). Split evenly, there is
+    one worker per node (fewer when nodes outnumber cores), and Ray gives each
+    worker as many threads (``OMP_NUM_THREADS``) as it has CPUs.
+    """
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, cores // num_supernodes)
+
+
 def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: int) -> float:
     """Each simulated node's share of the GPUs (Ray's ``num-gpus`` per ClientApp worker).
 

@@ -12,7 +12,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from experiments.cli import main
 from experiments.inprocess import InProcessGrid
-from experiments.launch import Federation, gpus_per_node
+from experiments.launch import Federation, cpus_per_node, gpus_per_node
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner
 
@@ -44,6 +44,15 @@ def test_simulated_nodes_share_the_visible_gpus() -> None:
         gpus_per_node(2, 0.5, visible_gpus=0)
     with pytest.raises(ValueError, match="must be >= 0"):
         gpus_per_node(2, -1.0, visible_gpus=1)
+
+
+def test_simulated_nodes_split_the_cores_so_each_has_one_worker_and_none_idles() -> None:
+    """Flower starts a ClientApp worker per ``num-cpus`` the machine holds, whatever the number of nodes."""
+    assert cpus_per_node(1, cores=2) == 2  # one worker with two threads, not one busy and one idle
+    assert cpus_per_node(2, cores=2) == 1
+    assert cpus_per_node(4, cores=2) == 1  # more nodes than cores: one CPU each, nodes wait for a worker
+    assert cpus_per_node(4, cores=16) == 4
+    assert "num-cpus = 2" in Federation(num_supernodes=1, cpus_per_client=2).toml("127.0.0.1:1")
 
 
 def test_fedsketch_run_refuses_a_gpu_share_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
