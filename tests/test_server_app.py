@@ -48,7 +48,7 @@ def test_simulated_nodes_share_the_visible_gpus() -> None:
 
 def test_simulated_nodes_split_the_cores_so_each_has_one_worker_and_none_idles() -> None:
     """Flower starts a ClientApp worker per ``num-cpus`` the machine holds, whatever the number of nodes."""
-    assert cpus_per_node(1, cores=2) == 2  # one worker with two threads, not one busy and one idle
+    assert cpus_per_node(1, cores=2) == 2  # one worker, not one busy and one idle
     assert cpus_per_node(2, cores=2) == 1
     assert cpus_per_node(4, cores=2) == 1  # more nodes than cores: one CPU each, nodes wait for a worker
     assert cpus_per_node(4, cores=16) == 4
