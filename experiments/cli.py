@@ -47,12 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run an experiment (default: the embedded default job)")
-    run.add_argument("config", nargs="?", type=Path, help="experiment TOML file (default: the embedded default)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a run setting, e.g. --set num-rounds=20 (repeatable)")  # fmt: skip
-    run.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
-    run.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
-    run.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    _add_experiment_arguments(run, example_rounds=20)
     run.add_argument("--supernodes", type=int, default=2,
                      help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)")  # fmt: skip
     run.add_argument("--gpus-per-node", type=float, default=None, metavar="F",
@@ -67,6 +62,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="accuracies to report bytes-to-target for (default: 90%% of the best final)")  # fmt: skip
     _add_deploy_parser(sub)
     return parser
+
+
+def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: int) -> None:
+    """What ``run`` and ``deploy`` both take: the experiment file, overrides, seeds, strategies, results folder."""
+    parser.add_argument("config", nargs="?", type=Path, help="experiment TOML file (default: the embedded default)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a run setting, e.g. --set num-rounds={example_rounds} (repeatable)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
+    parser.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -179,12 +184,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                     "With --kit DIR: start nothing; write certificates, SuperNode keys, scripts and a systemd unit\n"
                     "for a real server and N devices into DIR, and print what to run where.",
     )  # fmt: skip
-    dep.add_argument("config", nargs="?", type=Path, help="experiment TOML file (default: the embedded default)")
-    dep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a run setting, e.g. --set num-rounds=5 (repeatable)")  # fmt: skip
-    dep.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
-    dep.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
-    dep.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    _add_experiment_arguments(dep, example_rounds=5)
     dep.add_argument("--supernodes", type=int, default=3, help="SuperNodes, one client each (default: 3)")
     dep.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (a fresh CA and certificate)")
     dep.add_argument(

@@ -29,18 +29,13 @@ from fedsketch.sketch import CountSketch
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-ERROR_FEEDBACK = Setting(
-    "error-feedback", str, "zero-buckets",
-    "how FetchSGD takes what it applied out of the momentum and error sketches: `zero-buckets` (zero every "
-    "bucket Delta touches, the reference code) or `subtract` (`S_e -= S(Delta)`, the paper's text and FLSim)",
-    choices=fetchsgd.VARIANTS,
-)  # fmt: skip
-
-LR_PLACEMENT = Setting(
-    "lr-placement", str, "error",
-    "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the paper's Algorithm 1) or `update` "
-    "(`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a constant rate, not under a schedule",
-    choices=fetchsgd.LR_PLACEMENTS,
+ERROR_FEEDBACK, LR_PLACEMENT = (
+    Setting("error-feedback", str, "zero-buckets", "how FetchSGD takes what it applied out of the momentum and "
+            "error sketches: `zero-buckets` (zero every bucket Delta touches, the reference code) or `subtract` "
+            "(`S_e -= S(Delta)`, the paper's text and FLSim)", choices=fetchsgd.VARIANTS),
+    Setting("lr-placement", str, "error", "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the "
+            "paper's Algorithm 1) or `update` (`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a "
+            "constant rate, not under a schedule", choices=fetchsgd.LR_PLACEMENTS),
 )  # fmt: skip
 
 State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
