@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -37,7 +38,7 @@ from typing import Any, Self
 
 import httpx
 
-from experiments.launch import bin_path, flower_env, free_port, stop_env_processes, stop_group
+from experiments.launch import bin_path, flower_env, free_port, stage_app, stop_env_processes, stop_group
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
 CONNECTION = "fedsketch-deploy"
@@ -272,8 +273,12 @@ class LocalFederation:
         )
 
     def run(self, app_dir: Path, run_config: Path, log_file: Path, poll: Callable[[], None] | None = None) -> int:
-        """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code."""
-        cmd = [bin_path("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(run_config)]
+        """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
+
+        The app is submitted from a copy of its own files (:func:`experiments.launch.stage_app`).
+        """
+        staged = stage_app(app_dir, log_file.parent / "app")
+        cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -283,6 +288,8 @@ class LocalFederation:
                 time.sleep(0.5)
         finally:
             stop_group(proc)
+            if staged != app_dir:
+                shutil.rmtree(staged, ignore_errors=True)
         if poll is not None:
             poll()
         return int(proc.returncode or 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -179,6 +180,41 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_f
     raise RuntimeError(f"flower-superlink did not start within {timeout:.0f} s; see {log_file}")
 
 
+def stage_app(app_dir: Path, dest: Path) -> Path:
+    """The files of ``app_dir`` that Flower puts in the app's FAB, copied to ``dest`` (emptied first).
+
+    ``flwr run DIR`` reads every file below DIR before it drops those that
+    ``.gitignore`` and its own rules exclude (``collect_files`` in
+    ``flwr/cli/utils.py``): with the virtual environment inside the project
+    folder, as the README's set-up makes it, 44,000 files and 2.1 s on a 2-core
+    machine before every run. This walk skips the folders ``.gitignore``
+    excludes, then applies Flower's own filter, so the FAB holds the same files.
+    Where Flower's filter cannot be imported, ``app_dir`` itself is returned.
+    """
+    try:
+        from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
+    except ImportError:  # a Flower without these helpers: let `flwr run` walk the folder itself
+        return app_dir
+    ignored = build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
+    files: dict[str, Path] = {}
+    for folder, dirs, names in os.walk(app_dir, followlinks=False):
+        rel = Path(folder).relative_to(app_dir)
+        dirs[:] = [d for d in dirs if not ignored.match_file(f"{(rel / d).as_posix()}/")]
+        for name in names:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                files[(rel / name).as_posix()] = path
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel_path, source in filter_paths_for_publish(files).items():
+        target = dest / rel_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, bytes):
+            target.write_bytes(source)
+        else:
+            shutil.copyfile(source, target)
+    return dest
+
+
 @contextmanager
 def simulation_superlink(
     flwr_home: Path, federation: Federation, log_file: Path, finished: Callable[[], bool] = lambda: False
@@ -220,29 +256,27 @@ def flwr_run(
     Once the ServerApp has marked the run done in ``work_dir``
     (:func:`fedsketch.runlog.mark_server_done`: everything the run keeps is
     written), Flower's processes are stopped at once rather than left to their
-    own teardown. Returns 0 then, else the exit code of ``flwr run``.
+    own teardown. Returns 0 then, else the exit code of ``flwr run``. The app
+    is submitted from a copy of its own files (:func:`stage_app`).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
+    staged = stage_app(app_dir, work_dir / "app")
+    try:
+        return _flwr_run(staged, run_config, federation, work_dir, poll)
+    finally:
+        if staged != app_dir:  # the FAB was built from it when the run was submitted
+            shutil.rmtree(staged, ignore_errors=True)
+
+
+def _flwr_run(
+    app_dir: Path, run_config: Path, federation: Federation, work_dir: Path, poll: Callable[[], None] | None
+) -> int:
     log_file = work_dir / "flower.log"
     finished = partial(runlog.server_done, work_dir)
     with simulation_superlink(work_dir / "flwr-home", federation, log_file, finished) as env:
-        cmd = [
-            bin_path("flwr"),
-            "run",
-            str(app_dir),
-            CONNECTION,
-            "--stream",
-            "--run-config",
-            str(run_config),
-        ]
+        cmd = [bin_path("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(run_config)]
         with open(log_file, "ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         done = False
         try:
             for tick in itertools.count():
