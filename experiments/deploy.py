@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import ssl
 import subprocess
@@ -38,7 +37,7 @@ from typing import Any, Self
 
 import httpx
 
-from experiments.launch import bin_path, flower_env, free_port, stage_app, stop_env_processes, stop_group
+from experiments.launch import bin_path, flower_env, free_port, staged_app, stop_env_processes, stop_group
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
 CONNECTION = "fedsketch-deploy"
@@ -277,19 +276,16 @@ class LocalFederation:
 
         The app is submitted from a copy of its own files (:func:`experiments.launch.stage_app`).
         """
-        staged = stage_app(app_dir, log_file.parent / "app")
-        cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
-        with open(log_file, "ab") as log:
+        with staged_app(app_dir) as staged, open(log_file, "ab") as log:
+            cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
             proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if poll is not None:
-                    poll()
-                time.sleep(0.5)
-        finally:
-            stop_group(proc)
-            if staged != app_dir:
-                shutil.rmtree(staged, ignore_errors=True)
+            try:
+                while proc.poll() is None:
+                    if poll is not None:
+                        poll()
+                    time.sleep(0.5)
+            finally:
+                stop_group(proc)
         if poll is not None:
             poll()
         return int(proc.returncode or 0)

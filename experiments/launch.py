@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -190,7 +191,14 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
     machine before every run. This walk skips the folders ``.gitignore``
     excludes, then applies Flower's own filter, so the FAB holds the same files.
     Where Flower's filter cannot be imported, ``app_dir`` itself is returned.
+
+    Raises
+    ------
+    ValueError
+        If ``dest`` is ``app_dir`` or holds it (emptying it would delete the app).
     """
+    if app_dir.resolve().is_relative_to(dest.resolve()):
+        raise ValueError(f"cannot stage the app {app_dir} into {dest}: it would be deleted first")
     try:
         from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
     except ImportError:  # a Flower without these helpers: let `flwr run` walk the folder itself
@@ -213,6 +221,13 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
         else:
             shutil.copyfile(source, target)
     return dest
+
+
+@contextmanager
+def staged_app(app_dir: Path) -> Iterator[Path]:
+    """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""
+    with tempfile.TemporaryDirectory(prefix="fedsketch-app-") as tmp:
+        yield stage_app(app_dir, Path(tmp) / "app")
 
 
 @contextmanager
@@ -260,12 +275,8 @@ def flwr_run(
     is submitted from a copy of its own files (:func:`stage_app`).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    staged = stage_app(app_dir, work_dir / "app")
-    try:
+    with staged_app(app_dir) as staged:
         return _flwr_run(staged, run_config, federation, work_dir, poll)
-    finally:
-        if staged != app_dir:  # the FAB was built from it when the run was submitted
-            shutil.rmtree(staged, ignore_errors=True)
 
 
 def _flwr_run(

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.procs import processes_with_env
+from experiments import procs
 from fedsketch import checkpoint
 from fedsketch.config import RunConfig
 
@@ -58,11 +58,17 @@ def final_weights(path: Path) -> torch.Tensor:
 
 
 def kill_everything(proc: subprocess.Popen[bytes], flwr_home: Path) -> None:
-    """SIGKILL, no grace: the CLI's group, then every process of the run's private Flower home."""
+    """SIGKILL, no grace: the CLI's group, then every process of the run's private Flower home.
+
+    Ray's agents rename themselves and no longer show ``FLWR_HOME`` in ``/proc``: they are found
+    as children of the raylet before it goes (:func:`experiments.procs.carrying`).
+    """
+    seen: procs.Seen = {}
+    procs.carrying("FLWR_HOME", str(flwr_home), seen)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     for _ in range(3):  # Ray may still be spawning workers
-        for pid in processes_with_env("FLWR_HOME", str(flwr_home)):
+        for pid in procs.carrying("FLWR_HOME", str(flwr_home), seen):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

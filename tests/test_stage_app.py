@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
 from experiments.launch import stage_app
@@ -41,3 +42,13 @@ def test_ignored_folders_are_skipped_and_a_new_staging_replaces_the_old(tmp_path
     assert not (staged / "big").exists() and (staged / "pkg" / "mod.py").read_text() == "X = 1\n"
     (app / "pkg" / "mod.py").unlink()
     assert not (stage_app(app, staged) / "pkg" / "mod.py").exists()
+
+
+def test_staging_into_the_app_itself_is_refused_before_anything_is_deleted(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    for dest in (app, tmp_path):
+        with pytest.raises(ValueError, match="it would be deleted first"):
+            stage_app(app, dest)
+    assert (app / "pyproject.toml").exists()
