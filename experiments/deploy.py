@@ -37,7 +37,8 @@ from typing import Any, Self
 
 import httpx
 
-from experiments.launch import bin_path, flower_env, free_port, staged_app, stop_env_processes, stop_group
+from experiments import procs
+from experiments.launch import bin_path, flower_env, free_port, staged_app, stop_group
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
 CONNECTION = "fedsketch-deploy"
@@ -189,7 +190,7 @@ class LocalFederation:
         proc = self.procs.pop(f"supernode-{partition_id}")
         _signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
         proc.wait()
-        stop_env_processes("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"))
+        procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"), 5.0)
 
     def restart_supernodes(self) -> None:
         """Stop every SuperNode, wait until the SuperLink has dropped them, start them again and wait for them.
@@ -202,7 +203,7 @@ class LocalFederation:
         old = set(self.online_nodes())
         for i in ids:
             stop_group(self.procs.pop(f"supernode-{i}"), grace_s=5.0)
-            stop_env_processes("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{i}"))
+            procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{i}"), 5.0)
         # Until the SuperLink drops them (their heartbeat lapses: up to 2 x 30 s), the old nodes would be
         # sampled and never answer, and an authenticated key could not be activated again.
         deadline = time.monotonic() + 120.0
@@ -341,7 +342,7 @@ class LocalFederation:
             except subprocess.TimeoutExpired:
                 stop_group(proc, grace_s=0.0)
         self.procs.clear()
-        stop_env_processes(TAG, str(self.work_dir.resolve()))  # the detached ones, and any orphans
+        procs.stop_carrying(TAG, str(self.work_dir.resolve()), 5.0)  # the detached ones, and any orphans
 
 
 def _program(name: str) -> str:

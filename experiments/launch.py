@@ -155,11 +155,6 @@ def stop_pid_group(pid: int, grace_s: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def stop_env_processes(key: str, value: str, grace_s: float = 5.0, seen: procs.Seen | None = None) -> None:
-    """SIGTERM every process carrying ``key=value`` (and their descendants), then SIGKILL what is left."""
-    procs.stop_carrying(key, value, grace_s, seen=seen)
-
-
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_file: Path) -> None:
     """Wait for the SuperLink's HTTP health endpoint.
 
@@ -255,7 +250,7 @@ def simulation_superlink(
         procs.carrying("FLWR_HOME", str(flwr_home), seen)
         grace_s = 1.0 if finished() else 5.0
         stop_group(proc, grace_s)
-        stop_env_processes("FLWR_HOME", str(flwr_home), grace_s, seen)
+        procs.stop_carrying("FLWR_HOME", str(flwr_home), grace_s, seen=seen)
 
 
 def flwr_run(

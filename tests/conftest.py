@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments import procs
+
 ROOT = Path(__file__).resolve().parent.parent
 FLOWER_PROCESSES = "flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
 # Every process this test session starts inherits this variable, so the check
@@ -39,13 +41,12 @@ def uptime_s() -> float:
 def _renamed_since(pid: int, since: float | None) -> bool:
     if since is None or not Path("/proc").is_dir():
         return False
+    started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    except OSError:
         return False
-    started = int(stat[19]) / os.sysconf("SC_CLK_TCK")
-    return stat[0] != "Z" and SESSION_TAG.encode() not in env and started >= since
+    return started is not None and SESSION_TAG.encode() not in env and started / os.sysconf("SC_CLK_TCK") >= since
 
 
 def _ours(pid: int) -> bool:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.launch import free_port, stop_env_processes
+from experiments import procs
+from experiments.launch import free_port
 from experiments.procs import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,7 @@ def _stop(started: list[tuple[Step, subprocess.Popen[bytes], Path]], tag_value: 
     while processes_with_env(TAG, tag_value) and time.monotonic() < deadline:  # detached helpers exit on their own
         time.sleep(0.5)
     left = [_describe(pid) for pid in processes_with_env(TAG, tag_value)]
-    stop_env_processes(TAG, tag_value)
+    procs.stop_carrying(TAG, tag_value, 5.0)
     return left
 
 

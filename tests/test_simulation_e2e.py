@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from clients.messages import client_metrics, payload_to_record, wire_bytes
+from experiments import procs
 from experiments.cli import main as fedsketch_main
-from experiments.launch import free_port, stop_env_processes, stop_pid_group
+from experiments.launch import free_port, stop_pid_group
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,4 +92,4 @@ def _stop_local_superlink(port: int, flwr_home: Path) -> None:
     )
     for pid in found.stdout.split():
         stop_pid_group(int(pid))
-    stop_env_processes("FLWR_HOME", str(flwr_home))
+    procs.stop_carrying("FLWR_HOME", str(flwr_home), 5.0)
