@@ -157,6 +157,9 @@ FAULTS: tuple[Fault, ...] = (
     _fault("weighted-mean-unweighted", "fedsketch/aggregate.py",
            "out += (w / total) * x.to(out.device)", "out += x.to(out.device) / len(arrays)", ROUND,
            "the one weighted mean ignores the example counts"),
+    _fault("fidelity-recall-counts-zeros", "fedsketch/algorithms/fidelity.py",
+           "support = support[error[support] != 0]", "support = support", "tests/test_sketch_fidelity.py",
+           "the diagnostic's recall counts zeros of a sparse error as part of the true top-k"),
 )  # fmt: skip
 
 

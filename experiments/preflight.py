@@ -14,16 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fedsketch.config import RunConfig, check_against_model
-from fedsketch.data.synthetic import NUM_CLASSES, NUM_FEATURES
+from fedsketch.data.registry import DATASETS
 from fedsketch.models import build_model
 
 SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
-    "synthetic": ((NUM_FEATURES,), NUM_CLASSES),
-    "mnist": ((1, 28, 28), 10),
-    "fashion_mnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10),
-    "cifar100": ((3, 32, 32), 100),
-    "femnist": ((1, 28, 28), 62),
+    name: (info.input_shape, info.num_classes)
+    for name, info in DATASETS.items()
+    if info.input_shape is not None and info.num_classes is not None
 }
 """Input shape and number of classes of each dataset whose shape is fixed (``npz`` is the user's)."""
 

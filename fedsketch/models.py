@@ -13,6 +13,12 @@
   pooled), layer 3 (512, pooled, plus a residual block), global max pooling, a
   bias-free linear layer and the output scaled by 0.125. About 6.57M parameters
   for 10 classes.
+- ``bag``: fastText's classifier (Joulin et al., "Bag of Tricks for Efficient
+  Text Classification", EACL 2017): the mean of a document's word embeddings
+  (:data:`BAG_DIM` wide, one row per word of :mod:`fedsketch.data.text`'s
+  vocabulary) and a linear output; 800,090 parameters for 10 topics, almost
+  all of them embedding rows that a batch's gradient touches only where its
+  words are. Its input is word ids (float32, read as indices).
 - ``resnet18``: torchvision's ``resnet18(weights=None)`` adapted to 32x32 inputs
   as usual for CIFAR: a 3x3 stride-1 stem convolution and no stem max pooling.
 
@@ -50,11 +56,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("mlp", "cnn", "resnet9", "resnet18")
+from fedsketch.data import text
+
+MODELS = ("mlp", "cnn", "resnet9", "resnet18", "bag")
 NORMS = ("batch", "group", "layer", "none")
 RESNET9_CHANNELS = (64, 128, 256, 512)
 RESNET9_OUTPUT_SCALE = 0.125  # FetchSGD's and DAWNBench's final multiplier
 GROUPS = 32  # Wu & He's default number of groups
+BAG_DIM = 8  # the bag model's embedding width
+BAG_INIT = 0.1  # its embeddings start uniform in [-BAG_INIT, BAG_INIT]
 
 
 def build_model(
@@ -71,7 +81,7 @@ def build_model(
     Parameters
     ----------
     name
-        ``mlp``, ``cnn``, ``resnet9`` or ``resnet18``.
+        ``mlp``, ``cnn``, ``resnet9``, ``resnet18`` or ``bag``.
     input_shape
         One sample's shape: ``(features,)`` or ``(C, H, W)``; convolutional
         models need ``(C, H, W)``.
@@ -98,7 +108,9 @@ def build_model(
         raise ValueError(f"input_shape must be a non-empty tuple of positive sizes; got {input_shape}")
     if num_classes < 1 or hidden < 1:
         raise ValueError(f"num_classes and hidden must be >= 1; got {num_classes}, {hidden}")
-    if name != "mlp":
+    if name == "bag" and len(shape) != 1:
+        raise ValueError(f"model 'bag' reads documents of word ids, shape (words,); got input shape {shape}")
+    if name not in ("mlp", "bag"):
         _check_image_shape(name, shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -106,9 +118,24 @@ def build_model(
             return _mlp(math.prod(shape), hidden, num_classes)
         if name == "cnn":
             return _cnn(shape, hidden, num_classes)
+        if name == "bag":
+            return Bag(text.VOCAB, BAG_DIM, num_classes)
         if name == "resnet9":
             return ResNet9(shape[0], num_classes, _norm_factory(norm))
         return _resnet18(shape[0], num_classes, norm)
+
+
+class Bag(nn.Module):
+    """The mean of the documents' word embeddings, then a linear layer (fastText)."""
+
+    def __init__(self, vocab: int, dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(vocab, dim, mode="mean")
+        nn.init.uniform_(self.embedding.weight, -BAG_INIT, BAG_INIT)
+        self.out = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embedding(x.long()))
 
 
 def _check_image_shape(name: str, shape: tuple[int, ...]) -> None:

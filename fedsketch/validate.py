@@ -53,6 +53,7 @@ def check(cfg: RunConfig) -> None:
     _choices(cfg)
     method = get_method(cfg.strategy)
     _ranges(cfg)
+    _model_fits_data(cfg)
     _privacy(cfg, method)
     _download(cfg, method)
     _runtime(cfg, method)
@@ -91,6 +92,15 @@ def _ranges(cfg: RunConfig) -> None:
     if cfg.min_replies > cfg.clients_per_round:
         raise ConfigError(
             f"setting 'min-replies' ({cfg.min_replies}) exceeds 'clients-per-round' ({cfg.clients_per_round})"
+        )
+
+
+def _model_fits_data(cfg: RunConfig) -> None:
+    """Word ids (``synthetic_text``) go with the ``bag`` model, and the ``bag`` model with nothing else."""
+    if (cfg.dataset == "synthetic_text") != (cfg.model == "bag"):
+        raise ConfigError(
+            f"setting 'model' ({cfg.model!r}) does not fit 'dataset' ({cfg.dataset!r}): the generated texts "
+            "(dataset = 'synthetic_text') are word ids, read by model = 'bag' and by no other model"
         )
 
 

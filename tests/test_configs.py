@@ -27,7 +27,7 @@ def test_config_is_valid_and_documented(path: Path) -> None:
     assert header.lstrip().startswith("#") and "fedsketch run" in header, f"{path.name}: no header saying how to run it"
     if path.stem not in ("default", "baselines"):
         assert "expect" in header.lower(), f"{path.name}: the header does not say what result to expect"
-    if runs[0].dataset == "synthetic":  # embedded data: the model-size checks run here too
+    if runs[0].dataset in ("synthetic", "synthetic_text"):  # generated data: the model-size checks run here too
         data = load_data(runs[0])
         d = sum(p.numel() for p in make_model(runs[0], data).parameters())
         for cfg in runs:

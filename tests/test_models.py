@@ -14,7 +14,7 @@ from torch import nn
 from fedsketch.models import MODELS, NORMS, build_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "resnet9": (3, 32, 32), "resnet18": (3, 32, 32)}
+SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "resnet9": (3, 32, 32), "resnet18": (3, 32, 32), "bag": (20,)}
 
 
 def _count(model: nn.Module) -> int:
@@ -37,7 +37,8 @@ def test_parameter_counts() -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_output_shape(name: str) -> None:
     model = build_model(name, SHAPES[name], 7)
-    assert model(torch.randn(3, *SHAPES[name])).shape == (3, 7)
+    x = torch.randint(0, 1000, (3, *SHAPES[name])).float() if name == "bag" else torch.randn(3, *SHAPES[name])
+    assert model(x).shape == (3, 7)
 
 
 @pytest.mark.parametrize("name", ["resnet9", "resnet18"])

@@ -209,3 +209,14 @@ def test_topk_mass_is_the_share_of_the_squared_norm_in_the_top_k() -> None:
     assert fidelity.topk_mass(error, 2) == pytest.approx(25 / 27)
     assert fidelity.topk_mass(error, 4) == 1.0
     assert np.isnan(fidelity.topk_mass(torch.zeros(5), 2))
+
+
+def test_recall_counts_only_the_nonzero_part_of_a_sparse_error() -> None:
+    # The error has 3 nonzeros and k = 5: the true top-k is those 3, not 2 zeros a tie-break picks.
+    error = torch.zeros(100)
+    error[[4, 50, 90]] = torch.tensor([3.0, -2.0, 1.0])
+    found_all = fetchsgd.FetchSGDUpdate(torch.tensor([4, 50, 90, 7, 8]), torch.ones(5), torch.ones(5))
+    found_two = fetchsgd.FetchSGDUpdate(torch.tensor([4, 50, 1, 2, 3]), torch.ones(5), torch.ones(5))
+    assert fidelity.compare(found_all, error, k=5)[0] == 1.0
+    assert fidelity.compare(found_two, error, k=5)[0] == pytest.approx(2 / 3)
+    assert np.isnan(fidelity.compare(found_all, torch.zeros(100), k=5)[0])

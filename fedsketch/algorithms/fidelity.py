@@ -150,14 +150,18 @@ def compare(update: fetchsgd.FetchSGDUpdate, error: torch.Tensor, k: int) -> tup
     """Recall of the true top-k support and the relative L2 error of ``update`` against ``top-k(error)``.
 
     The true top-k is by magnitude, as :func:`fedsketch.compress.server.step`
-    takes it. The relative error is NaN when the true top-k is zero.
+    takes it, and holds only nonzero coordinates: where ``error`` has fewer
+    than ``k`` (sparse gradients, early rounds) recall is over those it has,
+    not over zeros a tie-break happens to pick. Recall and the relative error
+    are NaN when the error is zero.
     """
     support = torch.topk(error.abs(), k, sorted=False).indices
+    support = support[error[support] != 0]
     truth = torch.zeros(error.numel(), dtype=torch.float64, device=error.device)
     truth[support] = error[support].double()
     found = torch.zeros(error.numel(), dtype=torch.bool, device=error.device)
     found[update.indices] = True
-    recall = float(found[support].sum()) / k
+    recall = float(found[support].sum()) / support.numel() if support.numel() else float("nan")
     diff = update.dense(error.numel()).double() - truth
     norm = float(torch.linalg.vector_norm(truth))
     return recall, float(torch.linalg.vector_norm(diff)) / norm if norm > 0 else float("nan")

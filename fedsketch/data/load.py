@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fedsketch.data import femnist
+from fedsketch.data import femnist, text
 from fedsketch.data.images import (
     load_cifar,
     load_idx_images,
@@ -53,6 +53,8 @@ def load_federated(spec: DataSpec) -> FederatedData:
     """
     if spec.dataset == "synthetic":
         return _load_synthetic(spec)
+    if spec.dataset == "synthetic_text":
+        return _load_text(spec)
     if spec.dataset == "npz":
         return _load_npz(spec)
     if spec.dataset == "femnist":
@@ -187,6 +189,13 @@ def _load_synthetic(spec: DataSpec) -> FederatedData:
         client_ids=s.client_train,
         name=f"synthetic({spec.synthetic_alpha:g},{spec.synthetic_beta:g})",
         num_classes=NUM_CLASSES,
+    )
+
+
+def _load_text(spec: DataSpec) -> FederatedData:
+    t = text.generate_text(spec.seed)
+    return from_arrays(
+        t.x_train, t.y_train, t.x_test, t.y_test, spec, name="synthetic_text", num_classes=text.NUM_CLASSES
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsketch.data import text
 from fedsketch.data.synthetic import NUM_CLASSES, NUM_FEATURES
 
 
@@ -23,6 +24,7 @@ class DatasetInfo:
 
 DATASETS: dict[str, DatasetInfo] = {
     "synthetic": DatasetInfo((NUM_FEATURES,), NUM_CLASSES),
+    "synthetic_text": DatasetInfo((text.DOC_LEN,), text.NUM_CLASSES),
     "mnist": DatasetInfo((1, 28, 28), 10, "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"),
     "mnist_t10k": DatasetInfo((1, 28, 28), 10, "{,MNIST/raw/}t10k-{images-idx3,labels-idx1}-ubyte[.gz]"),
     "fashion_mnist": DatasetInfo((1, 28, 28), 10, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"),
