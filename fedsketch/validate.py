@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.data.spec import PARTITIONS
 from fedsketch.download import MODES as DOWNLOAD_MODES
@@ -96,12 +97,13 @@ def _ranges(cfg: RunConfig) -> None:
 
 
 def _model_fits_data(cfg: RunConfig) -> None:
-    """Word ids (``synthetic_text``) go with the ``bag`` model, and the ``bag`` model with nothing else."""
-    if (cfg.dataset == "synthetic_text") != (cfg.model == "bag"):
-        raise ConfigError(
-            f"setting 'model' ({cfg.model!r}) does not fit 'dataset' ({cfg.dataset!r}): the generated texts "
-            "(dataset = 'synthetic_text') are word ids, read by model = 'bag' and by no other model"
-        )
+    """A dataset that names its model (word ids: ``synthetic_text`` and ``bag``) goes with that model only."""
+    for dataset, info in registry.DATASETS.items():
+        if info.model and (cfg.dataset == dataset) != (cfg.model == info.model):
+            raise ConfigError(
+                f"setting 'model' ({cfg.model!r}) does not fit 'dataset' ({cfg.dataset!r}): dataset {dataset!r} is "
+                f"read by model {info.model!r} only, and that model reads no other dataset"
+            )
 
 
 def _linear() -> str:

@@ -20,11 +20,12 @@ class DatasetInfo:
     input_shape: tuple[int, ...] | None  # None: known only from the files (npz)
     num_classes: int | None
     files: str = ""  # the layout expected under ``data-root`` (image sets read from local files)
+    model: str = ""  # the one model that reads it, which reads nothing else ("": any model that fits its shape)
 
 
 DATASETS: dict[str, DatasetInfo] = {
     "synthetic": DatasetInfo((NUM_FEATURES,), NUM_CLASSES),
-    "synthetic_text": DatasetInfo((text.DOC_LEN,), text.NUM_CLASSES),
+    "synthetic_text": DatasetInfo((text.DOC_LEN,), text.NUM_CLASSES, model="bag"),
     "mnist": DatasetInfo((1, 28, 28), 10, "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"),
     "mnist_t10k": DatasetInfo((1, 28, 28), 10, "{,MNIST/raw/}t10k-{images-idx3,labels-idx1}-ubyte[.gz]"),
     "fashion_mnist": DatasetInfo((1, 28, 28), 10, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"),
