@@ -13,13 +13,14 @@ in transport; they are counted as sent, so all-zero payloads never look cheap.
 
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsketch import wire
 
@@ -37,6 +38,24 @@ def wire_bytes(obj: Any) -> int:
 def payload_to_record(payload: Mapping[str, np.ndarray]) -> ArrayRecord:
     """A payload of plain numpy arrays as an ArrayRecord (exact round trip)."""
     return ArrayRecord({name: Array(np.ascontiguousarray(arr)) for name, arr in payload.items()})
+
+
+def copy_content(content: RecordDict) -> RecordDict:
+    """A deep copy of a message's records (arrays keep their serialized bytes, as on the wire)."""
+    out = RecordDict()
+    for key, record in content.items():
+        if isinstance(record, ArrayRecord):
+            out[key] = ArrayRecord(
+                {n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()}
+            )
+        else:
+            out[key] = type(record)(copy.deepcopy(dict(record)))  # type: ignore[arg-type]
+    return out
+
+
+def delivered(msg: Message) -> Message:
+    """The message as its receiver gets it: a copy (a receiver that changes it must not change the sender's)."""
+    return Message(content=copy_content(msg.content), metadata=copy.deepcopy(msg.metadata))  # type: ignore[call-overload]
 
 
 def record_to_payload(record: ArrayRecord) -> Payload:

@@ -31,6 +31,9 @@ Python < 3.13) and point ``--pfl-python`` at it::
 
     python3 -m venv /work/pflvenv && /work/pflvenv/bin/pip install "pfl[pytorch]==0.6.0" torch
     python -m experiments.bench_peer --runs 5 --pfl-python /work/pflvenv/bin/python --breakdown
+
+``--backends inprocess ray`` puts fedsketch's two simulation backends side by
+side (``fedsketch run --backend``, docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -118,11 +121,13 @@ def run_pfl(python: str, job: Path, folder: Path) -> dict[str, object]:
     return _row(start, wall, tree, out["round_ends"], out["accuracy"][-1])
 
 
-def run_fedsketch(experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR) -> dict[str, object]:
+def run_fedsketch(
+    experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR, backend: str | None = None
+) -> dict[str, object]:
     """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
     out_dir = folder / "runs"
     cmd = [sys.executable, "-m", "experiments.cli", "run", str(experiment), "--out", str(out_dir),
-           "--supernodes", str(supernodes)]  # fmt: skip
+           "--supernodes", str(supernodes), *(["--backend", backend] if backend else [])]  # fmt: skip
     start, wall, tree = measure(cmd, folder / "fedsketch.log", checkout)
     strategy = experiment.stem
     rows = runlog.read_metrics(out_dir / f"peer-{strategy}" / strategy)
@@ -180,6 +185,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pfl-python", default="/work/pflvenv/bin/python", help="python of pfl's environment")
     parser.add_argument("--supernodes", type=int, nargs="+", default=[2], help="one fedsketch row per value")
+    parser.add_argument("--backends", nargs="+", default=[None], choices=("inprocess", "ray"),
+                        help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
+                             "default, inprocess; an older --checkout has no choice)")  # fmt: skip
     parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
     parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
     parser.add_argument("--checkout", type=Path, default=APP_DIR,
@@ -191,13 +199,15 @@ def main() -> None:
         folder = Path(tmp)
         job = build_job(folder)
         sides: dict[str, Callable[[Path], dict[str, object]]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
-        for n in args.supernodes:
-            fedavg = write_experiment(folder, job, "fedavg")
-            sides[f"fedsketch FedAvg ({n} nodes)"] = partial(run_fedsketch, fedavg, n, checkout=args.checkout)
+        fedavg = write_experiment(folder, job, "fedavg")
+        for backend, n in itertools.product(args.backends, args.supernodes):
+            name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"
+            sides[name] = partial(run_fedsketch, fedavg, n, checkout=args.checkout, backend=backend)
         if args.fetchsgd:
             fetch = write_experiment(folder, job, "fetchsgd")
-            n = args.supernodes[0]
-            sides[f"fedsketch FetchSGD ({n} nodes)"] = partial(run_fedsketch, fetch, n, checkout=args.checkout)
+            n, backend = args.supernodes[0], args.backends[0]
+            name = f"fedsketch FetchSGD ({n} nodes{f', {backend}' if backend else ''})"
+            sides[name] = partial(run_fedsketch, fetch, n, checkout=args.checkout, backend=backend)
         results: dict[str, list[dict[str, object]]] = {name: [] for name in sides}
         for i in range(args.runs):
             for k, (name, side) in enumerate(sides.items()):

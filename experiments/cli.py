@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus-per-node", type=float, default=None, metavar="F",
                      help="GPUs per simulated node, e.g. 0.25: four nodes share one GPU (default: the visible GPUs "
                           "split evenly over the nodes; 0 without a GPU)")  # fmt: skip
+    run.add_argument("--backend", choices=("inprocess", "ray"), default=None,
+                     help="what runs the ClientApp calls: 'inprocess', Flower's simulation process itself (one "
+                          "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
+                          "(default: ray when RAY_ADDRESS is set, else inprocess)")  # fmt: skip
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
@@ -87,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
     check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
-    federation = _federation(args.supernodes, args.gpus_per_node)
+    federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
     with stopping.Invocation("run") as invocation, make_progress() as progress:
 
         def execute(cfg: RunConfig, path: Path) -> int:
@@ -98,17 +102,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _conclude(results, invocation, runlog.experiment_dir(experiment.runs[0]), plot=not args.no_plot)
 
 
-def _federation(supernodes: int, gpus: float | None) -> Federation:
-    """The simulated nodes and their share of the CPUs and GPUs (:mod:`experiments.launch`)."""
+def _federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
+    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.launch`)."""
     import torch
 
-    from experiments.launch import Federation, cpus_per_node, gpus_per_node
+    from experiments.launch import Federation, cpus_per_node, default_backend, gpus_per_node
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=share)
+    return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=share,
+                      backend=backend or default_backend())  # fmt: skip
 
 
 def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:

@@ -11,16 +11,16 @@ identity of a running task (``TaskIdentity``); :func:`task_identity` provides on
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.client_app import app as client_app
+from clients.messages import delivered
 
 Tamper = Callable[[list[Message], list[Message]], list[Message]]
 """Given the requests and the honest replies, the replies the server receives."""
@@ -35,24 +35,6 @@ def task_identity(run_id: int = 1) -> Iterator[None]:
         yield
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-
-
-def copy_content(content: RecordDict) -> RecordDict:
-    """A deep copy of a message's records (arrays keep their serialized bytes, as on the wire)."""
-    out = RecordDict()
-    for key, record in content.items():
-        if isinstance(record, ArrayRecord):
-            out[key] = ArrayRecord(
-                {n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()}
-            )
-        else:
-            out[key] = type(record)(copy.deepcopy(dict(record)))  # type: ignore[arg-type]
-    return out
-
-
-def delivered(msg: Message) -> Message:
-    """The message as its receiver gets it: a copy (a receiver that changes it must not change the sender's)."""
-    return Message(content=copy_content(msg.content), metadata=copy.deepcopy(msg.metadata))  # type: ignore[call-overload]
 
 
 class InProcessGrid:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from clients.simulation_backend import ENV as BACKEND_ENV
 from experiments import procs
 from fedsketch import runlog
 
@@ -36,11 +37,17 @@ CONNECTION = "fedsketch-sim"
 
 @dataclass(frozen=True)
 class Federation:
-    """The simulated federation's resources."""
+    """The simulated federation's resources, and what runs its ClientApp calls.
+
+    ``backend`` is ``"inprocess"`` (the simulation process runs them on
+    Flower's worker threads, :mod:`clients.simulation_backend`) or ``"ray"``
+    (Flower's own backend: Ray actors, on this machine or a Ray cluster).
+    """
 
     num_supernodes: int = 2
     cpus_per_client: int = 1
     gpus_per_client: float = 0.0
+    backend: str = "inprocess"
 
     def toml(self, address: str) -> str:
         """The connection block for ``$FLWR_HOME/config.toml``."""
@@ -68,6 +75,12 @@ def cpus_per_node(num_supernodes: int, cores: int | None = None) -> int:
     """
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return max(1, cores // num_supernodes)
+
+
+def default_backend(environ: dict[str, str] | None = None) -> str:
+    """``ray`` when ``RAY_ADDRESS`` names a Ray cluster to join (a run over several machines), else ``inprocess``."""
+    environ = dict(os.environ) if environ is None else environ
+    return "ray" if environ.get("RAY_ADDRESS") else "inprocess"
 
 
 def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: int) -> float:
@@ -237,7 +250,7 @@ def simulation_superlink(
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     (flwr_home / "config.toml").write_text(federation.toml(f"127.0.0.1:{port}"), encoding="utf-8")
-    env = flower_env(flwr_home)
+    env = {**flower_env(flwr_home), BACKEND_ENV: federation.backend}
     cmd = [bin_path("flower-superlink"), "--insecure", "--simulation", "--disable-runtime-dependency-installation",
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     with open(log_file, "ab") as log:

@@ -9,9 +9,10 @@ client only and the others go on).
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -43,16 +44,36 @@ class ClientOutcome:
     diagnostic: Payload | None = None  # with diagnose-sketch: the dense update (not an upload)
 
 
-@lru_cache(maxsize=4)
+_THREAD = threading.local()
+_BUILD = threading.RLock()  # building a model seeds torch's global generator (inside fork_rng): one at a time
+_KEPT = 4  # models kept per thread (the most recent configs)
+
+
+def _per_thread(kind: str, cfg: RunConfig, build: Callable[[], nn.Module]) -> nn.Module:
+    """A module cached per thread and config: one thread's clients overwrite its weights while another's train.
+
+    A simulation process whose ClientApp calls run on several threads
+    (``clients/simulation_backend.py``) gives each thread its own; a process
+    with one thread has one, as before.
+    """
+    cache: dict[tuple[str, RunConfig], nn.Module] = _THREAD.__dict__.setdefault("models", {})
+    key = (kind, cfg)
+    if key not in cache:
+        with _BUILD:
+            cache[key] = build()
+        while len(cache) > _KEPT:
+            del cache[next(iter(cache))]
+    return cache[key]
+
+
 def _scratch_model(cfg: RunConfig) -> nn.Module:
-    """One reusable module per process and config: clients overwrite its weights."""
-    return make_model(cfg, load_data(cfg))
+    """One reusable module per thread and config: clients overwrite its weights."""
+    return _per_thread("scratch", cfg, lambda: make_model(cfg, load_data(cfg)))
 
 
-@lru_cache(maxsize=4)
 def _vectorizable_model(cfg: RunConfig) -> nn.Module:
     """The scratch model as :mod:`fedsketch.batched` runs it (batch norm without running statistics)."""
-    return functional_copy(_scratch_model(cfg))
+    return _per_thread("vectorizable", cfg, lambda: functional_copy(_scratch_model(cfg)))
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.messages import model_record
-from experiments.inprocess import InProcessGrid, copy_content, task_identity
+from clients.messages import copy_content, model_record
+from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES as STRATEGIES

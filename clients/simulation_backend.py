@@ -1,0 +1,141 @@
+"""Flower's simulation runtime with the ClientApp run in the simulation process itself, instead of Ray actors.
+
+Flower 1.41's simulation engine (``flwr/server/superlink/fleet/vce/vce_api.py``)
+routes every message through its link state to worker threads, each of which
+hands a message and its node's ``Context`` to a :class:`Backend`
+(``backend.py``: ``build``, ``num_workers``, ``process_message``,
+``terminate``). The only backend it ships is Ray's, and ``start_vce`` imports it
+by name (``from .backend.raybackend import RayBackend``). On one machine Ray
+costs more than it gives: its services and one worker process per node that
+each import torch and the data (about 1.8 GB of a 3.2 GB process tree, and
+5 s before round 1, measured in docs/simulation.md).
+
+:class:`InProcessBackend` runs the ClientApp in the process that already holds
+the ServerApp (and so already imported torch and the data), on ``num_workers``
+of Flower's own worker threads. Everything else is Flower's: the SuperLink,
+``flwr run``, the simulation process, its link state and message routing, the
+per-node ``Context`` and the error replies. Each node gets a copy of its
+message, as it would over Ray or the network; bytes are still counted from
+the serialized records.
+
+:func:`install` puts it where ``start_vce`` looks, when the launcher asks for
+it (``FEDSKETCH_SIM_BACKEND=inprocess`` in the environment the simulation
+process inherits). The ClientApp module calls it on import, which Flower does
+in ``start_vce`` before it builds the backend. Without the variable (Ray, a
+multi-machine run, a deployed SuperNode) nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+from logging import INFO
+
+from flwr.app import Context, Message
+from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
+from flwr.common.logger import log
+from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
+
+from clients.messages import delivered
+
+ENV = "FEDSKETCH_SIM_BACKEND"
+"""The environment variable the launcher sets: ``inprocess`` or ``ray``."""
+
+BACKENDS = ("inprocess", "ray")
+
+RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
+"""Where Flower 1.41's ``start_vce`` imports its backend from."""
+
+
+def worker_count(num_cpus: float, cores: int | None = None) -> int:
+    """How many messages run at once: the machine's cores over each node's CPUs, as Ray's actor pool sizes itself."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return max(1, int(cores // max(1.0, num_cpus)))
+
+
+class InProcessBackend(Backend):
+    """Runs each message's ClientApp call on the calling worker thread of Flower's simulation engine.
+
+    Parameters
+    ----------
+    backend_config
+        Flower's backend config; ``client_resources.num_cpus`` (each node's CPUs,
+        set by the launcher to the cores over the nodes) gives the number of
+        workers, and torch's threads are the cores over the workers.
+    """
+
+    def __init__(self, backend_config: BackendConfig) -> None:
+        super().__init__(backend_config)
+        num_cpus = float(backend_config.get("client_resources", {}).get("num_cpus", 1) or 1)  # type: ignore[arg-type]
+        self.workers = worker_count(num_cpus)
+        self.app: ClientApp | None = None
+        self._first = threading.Lock()
+        self._warm = threading.Event()
+
+    @property
+    def num_workers(self) -> int:
+        """Messages processed at once (one per worker thread)."""
+        return self.workers
+
+    def build(self, app_fn: Callable[[], ClientApp]) -> None:
+        """Load the ClientApp once and share the machine's cores between the workers."""
+        import torch  # here, not at the top: the launcher reads this module's names without torch
+
+        self.app = app_fn()
+        threads = max(1, len(os.sched_getaffinity(0)) // self.workers)
+        torch.set_num_threads(threads)
+        log(INFO, "fedsketch: ClientApp calls run in the simulation process, %d at once, %d torch threads (no Ray)",
+            self.workers, threads)  # fmt: skip
+
+    def is_worker_idle(self) -> bool:
+        """Flower's engine gives a message to a free worker thread; the backend itself never queues."""
+        return True
+
+    def process_message(self, message: Message, context: Context) -> tuple[Message, Context]:
+        """The ClientApp's reply to a copy of ``message``, and the node's updated ``Context``.
+
+        The first message runs alone: it loads the data and model caches, which
+        two workers starting together would otherwise build twice.
+        """
+        if not self._warm.is_set():
+            with self._first:
+                reply = self._run(message, context)
+                self._warm.set()
+                return reply
+        return self._run(message, context)
+
+    def _run(self, message: Message, context: Context) -> tuple[Message, Context]:
+        if self.app is None:
+            raise ValueError("InProcessBackend.process_message called before build()")
+        try:
+            return self.app(message=delivered(message), context=context), context
+        except LoadClientAppError:
+            raise
+        except Exception as exc:  # Flower's engine turns this into an error reply, as for Ray
+            raise ClientAppException(str(exc)) from exc
+
+    def terminate(self) -> None:
+        """Nothing to stop: the workers are Flower's threads."""
+
+
+def install(environ: dict[str, str] | None = None) -> bool:
+    """Make Flower's simulation engine build an :class:`InProcessBackend` when the launcher asked for one.
+
+    Returns whether it did. Flower's real Ray backend module, if imported
+    already, gets the class swapped; otherwise a stand-in module answers the
+    engine's import, and Ray is never imported.
+    """
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if environ.get(ENV) != "inprocess":
+        return False
+    module = sys.modules.get(RAY_MODULE)
+    if module is None:
+        module = types.ModuleType(
+            RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see clients/simulation_backend.py)"
+        )
+        sys.modules[RAY_MODULE] = module
+    module.RayBackend = InProcessBackend  # type: ignore[attr-defined]
+    return True

@@ -1,0 +1,247 @@
+"""The in-process simulation backend: Flower's engine runs the real ClientApp in its own process, no Ray.
+
+The unit tests drive :class:`clients.simulation_backend.InProcessBackend` as
+Flower's engine does (``build``, then ``process_message`` from worker
+threads); the end-to-end test runs the same job through real ``flwr run`` with
+each backend and requires identical metrics, with Ray's processes seen only
+in the Ray run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+from conftest import flower_pids
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
+
+from clients import simulation_backend
+from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, worker_count
+from experiments.cli import main as fedsketch_main
+from experiments.inprocess import task_identity
+from experiments.launch import default_backend
+
+
+def _context(node_id: int = 1) -> Context:
+    return Context(run_id=1, node_id=node_id, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+
+
+def _request(value: int) -> Message:
+    with task_identity():
+        return Message(RecordDict({"c": ConfigRecord({"x": value})}), dst_node_id=1, message_type="train")
+
+
+def _echo_app(record_calls: list[int] | None = None, fail_on: int | None = None) -> ClientApp:
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        x = int(msg.content["c"]["x"])  # type: ignore[arg-type]
+        if x == fail_on:
+            raise ValueError(f"client asked to fail on {x}")
+        msg.content["c"]["x"] = -1  # a ClientApp that changes what it received changes only its copy
+        context.state["seen"] = ConfigRecord({"x": x})
+        if record_calls is not None:
+            record_calls.append(x)
+        return Message(RecordDict({"c": ConfigRecord({"y": 2 * x})}), reply_to=msg)
+
+    return app
+
+
+def test_workers_follow_the_cores_over_each_nodes_cpus_as_rays_pool_does() -> None:
+    assert worker_count(1, cores=2) == 2
+    assert worker_count(2, cores=2) == 1
+    assert worker_count(8, cores=2) == 1
+    assert worker_count(4, cores=16) == 4
+    backend = InProcessBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
+    assert backend.num_workers == worker_count(1)
+
+
+def test_a_message_gets_its_reply_and_the_nodes_context_keeps_what_the_clientapp_stored() -> None:
+    backend = InProcessBackend({"client_resources": {"num_cpus": 2}, "init_args": {}})
+    backend.build(lambda: _echo_app())
+    request, context = _request(21), _context()
+    with task_identity():
+        reply, updated = backend.process_message(request, context)
+    assert int(reply.content["c"]["y"]) == 42  # type: ignore[arg-type]
+    assert reply.metadata.reply_to_message_id == request.metadata.message_id
+    assert int(updated.state["seen"]["x"]) == 21  # type: ignore[index, arg-type]
+    assert int(request.content["c"]["x"]) == 21  # type: ignore[arg-type]  # the sender's message is untouched
+
+
+def test_a_failing_clientapp_raises_what_flowers_engine_turns_into_an_error_reply() -> None:
+    backend = InProcessBackend({"client_resources": {"num_cpus": 2}, "init_args": {}})
+    backend.build(lambda: _echo_app(fail_on=3))
+    with task_identity(), pytest.raises(ClientAppException, match="client asked to fail on 3"):
+        backend.process_message(_request(3), _context())
+    with task_identity():
+        reply, _ = backend.process_message(_request(4), _context())  # the backend goes on
+    assert int(reply.content["c"]["y"]) == 8  # type: ignore[arg-type]
+
+
+def test_the_first_message_runs_alone_then_workers_run_together() -> None:
+    """The first call fills the data and model caches; a second worker waits for it, later ones do not."""
+    order: list[str] = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        x = int(msg.content["c"]["x"])  # type: ignore[arg-type]
+        order.append(f"start {x}")
+        time.sleep(0.2)
+        order.append(f"end {x}")
+        return Message(RecordDict(), reply_to=msg)
+
+    backend = InProcessBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
+    backend.build(lambda: app)
+    with task_identity():
+        requests = [_request(i) for i in range(4)]
+
+    def call(msg: Message) -> None:
+        with task_identity():
+            backend.process_message(msg, _context())
+
+    first = [threading.Thread(target=call, args=(m,)) for m in requests[:2]]
+    for t in first:
+        t.start()
+        time.sleep(0.05)
+    for t in first:
+        t.join()
+    assert order[:2] == ["start 0", "end 0"]  # the second waited for the first to finish
+    order.clear()
+    later = [threading.Thread(target=call, args=(m,)) for m in requests[2:]]
+    for t in later:
+        t.start()
+    for t in later:
+        t.join()
+    assert order[:2] == ["start 2", "start 3"] or order[:2] == ["start 3", "start 2"]  # now side by side
+
+
+def test_install_answers_flowers_import_only_when_the_launcher_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, RAY_MODULE, raising=False)
+    assert not install({})
+    assert not install({simulation_backend.ENV: "ray"})
+    assert RAY_MODULE not in sys.modules
+    assert install({simulation_backend.ENV: "inprocess"})
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend  # what Flower's start_vce imports
+
+    assert RayBackend is InProcessBackend
+    assert "ray" not in sys.modules or isinstance(sys.modules[RAY_MODULE], types.ModuleType)
+
+
+def test_start_vce_still_builds_its_backend_from_the_module_install_replaces() -> None:
+    """Flower 1.41's engine imports ``RayBackend`` from ``RAY_MODULE`` when it builds the backend; if a new
+    Flower moves that, this fails rather than the in-process backend silently falling back to Ray."""
+    import inspect
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    source = inspect.getsource(vce_api.start_vce)
+    assert "from .backend.raybackend import RayBackend" in source
+    assert f"{vce_api.__name__.rsplit('.', 1)[0]}.backend.raybackend" == RAY_MODULE
+    # and the ClientApp is loaded (so install() has run) before the backend is built
+    assert source.index("client_app = app_fn()") < source.index("run_api(")
+
+
+def test_ray_is_the_default_only_where_a_ray_cluster_is_named() -> None:
+    assert default_backend({}) == "inprocess"
+    assert default_backend({"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray"
+
+
+TINY = [
+    "num-clients=20", "clients-per-round=10", "num-rounds=3", "eval-every=1",
+    "sketch-rows=3", "sketch-cols=5000", "k=2000", "lr=0.5", 'lr-schedule="constant"',
+]  # fmt: skip
+RAY_NAMES = ("raylet", "gcs_server", "ray::")
+
+
+def _run_watching_processes(args: list[str]) -> tuple[int, set[str]]:
+    """``fedsketch`` with ``args``, and the names of this session's Flower/Ray processes seen meanwhile."""
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pid in flower_pids():
+                try:
+                    seen.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    pass
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        code = fedsketch_main(args)
+    finally:
+        done.set()
+        watcher.join()
+    return code, seen
+
+
+@pytest.mark.slow
+def test_both_backends_give_the_same_run_and_only_ray_starts_ray(tmp_path: Path, no_leftover_processes: None) -> None:
+    rows = {}
+    for backend in ("inprocess", "ray"):
+        args = ["run", "--out", str(tmp_path / backend), "--strategies", "fetchsgd", "--backend", backend, "--no-plot"]
+        for pair in [*TINY, "experiment=tiny"]:
+            args += ["--set", pair]
+        code, seen = _run_watching_processes(args)
+        assert code == 0
+        assert any("flwr-simulation" in cmd for cmd in seen), seen  # the watcher does see Flower's processes
+        started_ray = any(name in cmd for cmd in seen for name in RAY_NAMES)
+        assert started_ray == (backend == "ray"), (backend, sorted(seen))
+        folder = tmp_path / backend / "tiny" / "fetchsgd"
+        log = (folder / "flower.log").read_text(encoding="utf-8", errors="replace")
+        assert ("ClientApp calls run in the simulation process" in log) == (backend == "inprocess")
+        rows[backend] = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    timing = {"wall_s", "unix_time"}
+    strip = [[{k: v for k, v in r.items() if k not in timing} for r in rows[b]] for b in ("inprocess", "ray")]
+    assert [r["round"] for r in strip[0]] == [1, 2, 3]
+    assert strip[0] == strip[1]  # accuracy, losses, every byte and count: the backend changes none
+    assert strip[0][-1]["clients"] == 10 and strip[0][-1]["client_errors"] == 0
+
+
+def test_cohorts_on_two_threads_at_once_equal_the_same_cohorts_one_after_another() -> None:
+    """Each thread trains on its own scratch model (fedsketch/cohort.py): no thread overwrites another's weights."""
+    import numpy as np
+    import torch
+
+    from fedsketch.cohort import run_cohort
+    from fedsketch.config import RunConfig
+    from fedsketch.flat import get_flat
+    from fedsketch.methods import ClientJob
+    from fedsketch.task import load_data, make_model
+
+    cfg = RunConfig.from_mapping({"num-clients": 12, "model-hidden": 256, "k": 40, "sketch-rows": 3,
+                                  "sketch-cols": 400, "local-steps": 20, "client-update": "delta"})  # fmt: skip
+    d = get_flat(make_model(cfg, load_data(cfg))).numel()
+    weights = [np.random.default_rng(s).normal(0, 0.05, d).astype(np.float32) for s in (1, 2)]
+    jobs = [[ClientJob(cid, 2, {"sketch-seed": 0, "sketch-rows": 3, "sketch-cols": 400}) for cid in range(6)]] * 2
+    alone = [run_cohort(cfg, w, j) for w, j in zip(weights, jobs, strict=True)]
+    together: list[object] = [None, None]
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+
+        def one(i: int) -> None:
+            together[i] = run_cohort(cfg, weights[i], jobs[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(threads_before)
+    for a, b in zip(alone, together, strict=True):
+        assert [o.error for o in b] == [None] * 6  # type: ignore[union-attr]
+        for x, y in zip(a, b, strict=True):  # type: ignore[call-overload]
+            np.testing.assert_array_equal(x.payload["table"], y.payload["table"])
