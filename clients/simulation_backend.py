@@ -72,6 +72,8 @@ class InProcessBackend(Backend):
         num_cpus = float(backend_config.get("client_resources", {}).get("num_cpus", 1) or 1)  # type: ignore[arg-type]
         self.workers = worker_count(num_cpus)
         self.app: ClientApp | None = None
+        self.threads = max(1, len(os.sched_getaffinity(0)) // self.workers)
+        self._local = threading.local()
         self._first = threading.Lock()
         self._warm = threading.Event()
 
@@ -81,14 +83,10 @@ class InProcessBackend(Backend):
         return self.workers
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:
-        """Load the ClientApp once and share the machine's cores between the workers."""
-        import torch  # here, not at the top: the launcher reads this module's names without torch
-
+        """Load the ClientApp once."""
         self.app = app_fn()
-        threads = max(1, len(os.sched_getaffinity(0)) // self.workers)
-        torch.set_num_threads(threads)
-        log(INFO, "fedsketch: ClientApp calls run in the simulation process, %d at once, %d torch threads (no Ray)",
-            self.workers, threads)  # fmt: skip
+        log(INFO, "fedsketch: ClientApp calls run in the simulation process, %d at once, %d torch threads each "
+            "(no Ray)", self.workers, self.threads)  # fmt: skip
 
     def is_worker_idle(self) -> bool:
         """Flower's engine gives a message to a free worker thread; the backend itself never queues."""
@@ -110,6 +108,13 @@ class InProcessBackend(Backend):
     def _run(self, message: Message, context: Context) -> tuple[Message, Context]:
         if self.app is None:
             raise ValueError("InProcessBackend.process_message called before build()")
+        if not getattr(self._local, "threads_set", False):
+            # torch's thread count is per thread once set: the workers share the cores, while the
+            # ServerApp's thread keeps them all for its evaluation, when the workers are idle.
+            import torch  # here, not at the top: the launcher reads this module's names without torch
+
+            torch.set_num_threads(self.threads)
+            self._local.threads_set = True
         try:
             return self.app(message=delivered(message), context=context), context
         except LoadClientAppError:
