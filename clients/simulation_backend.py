@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import INFO
 
 from flwr.app import Context, Message
@@ -126,15 +126,14 @@ class InProcessBackend(Backend):
         """Nothing to stop: the workers are Flower's threads."""
 
 
-def install(environ: dict[str, str] | None = None) -> bool:
+def install(environ: Mapping[str, str] | None = None) -> bool:
     """Make Flower's simulation engine build an :class:`InProcessBackend` when the launcher asked for one.
 
     Returns whether it did. Flower's real Ray backend module, if imported
     already, gets the class swapped; otherwise a stand-in module answers the
     engine's import, and Ray is never imported.
     """
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    if environ.get(ENV) != "inprocess":
+    if (os.environ if environ is None else environ).get(ENV) != "inprocess":
         return False
     module = sys.modules.get(RAY_MODULE)
     if module is None:

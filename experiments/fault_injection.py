@@ -160,6 +160,12 @@ FAULTS: tuple[Fault, ...] = (
     _fault("fidelity-recall-counts-zeros", "fedsketch/algorithms/fidelity.py",
            "support = support[error[support] != 0]", "support = support", "tests/test_sketch_fidelity.py",
            "the diagnostic's recall counts zeros of a sparse error as part of the true top-k"),
+    _fault("backend-shares-the-message", "clients/simulation_backend.py",
+           "self.app(message=delivered(message), context=context)", "self.app(message=message, context=context)",
+           "tests/test_simulation_backend.py", "the in-process backend hands the sender's own message to the ClientApp"),
+    _fault("threads-share-a-model", "fedsketch/cohort.py",
+           '_THREAD.__dict__.setdefault("models", {})', 'globals().setdefault("_SHARED", {})',
+           "tests/test_simulation_backend.py", "every thread of the simulation process trains on one scratch model"),
 )  # fmt: skip
 
 

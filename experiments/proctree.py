@@ -34,7 +34,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("flwr run", r"bin/flwr run"),
     ("SuperLink", r"flower-superlink"),
     ("SuperExec", r"flower-superexec"),
-    ("flwr-simulation (ServerApp, Ray driver)", r"flwr-simulation"),
+    ("flwr-simulation (ServerApp; ClientApp in-process or Ray driver)", r"flwr-simulation"),
     ("Ray GCS", r"gcs_server"),
     ("Ray raylet", r"raylet/raylet"),
     ("Ray dashboard agent", r"dashboard/agent\.py|^ray::DashboardAgent"),
