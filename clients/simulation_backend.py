@@ -7,8 +7,8 @@ hands a message and its node's ``Context`` to a :class:`Backend`
 ``terminate``). The only backend it ships is Ray's, and ``start_vce`` imports it
 by name (``from .backend.raybackend import RayBackend``). On one machine Ray
 costs more than it gives: its services and one worker process per node that
-each import torch and the data (about 1.8 GB of a 3.2 GB process tree, and
-5 s before round 1, measured in docs/simulation.md).
+each import torch and the data (1.7 GB of a 3.3 GB process tree, and 7 s more
+before round 1, measured in docs/simulation.md).
 
 :class:`InProcessBackend` runs the ClientApp in the process that already holds
 the ServerApp (and so already imported torch and the data), on ``num_workers``
@@ -43,8 +43,6 @@ from clients.messages import delivered
 
 ENV = "FEDSKETCH_SIM_BACKEND"
 """The environment variable the launcher sets: ``inprocess`` or ``ray``."""
-
-BACKENDS = ("inprocess", "ray")
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """Where Flower 1.41's ``start_vce`` imports its backend from."""
