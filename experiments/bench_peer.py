@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.launch import BACKENDS
 from experiments.proctree import TreeSampler, tag_env
 from fedsketch import runlog
 from fedsketch.config import RunConfig
@@ -185,7 +186,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pfl-python", default="/work/pflvenv/bin/python", help="python of pfl's environment")
     parser.add_argument("--supernodes", type=int, nargs="+", default=[2], help="one fedsketch row per value")
-    parser.add_argument("--backends", nargs="+", default=[None], choices=("inprocess", "ray"),
+    parser.add_argument("--backends", nargs="+", default=[None], choices=BACKENDS,
                         help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
                              "default, inprocess; an older --checkout has no choice)")  # fmt: skip
     parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")

@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus-per-node", type=float, default=None, metavar="F",
                      help="GPUs per simulated node, e.g. 0.25: four nodes share one GPU (default: the visible GPUs "
                           "split evenly over the nodes; 0 without a GPU)")  # fmt: skip
-    run.add_argument("--backend", choices=("inprocess", "ray"), default=None,
+    run.add_argument("--backend", default=None, metavar="{inprocess,ray}",
                      help="what runs the ClientApp calls: 'inprocess', Flower's simulation process itself (one "
                           "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
                           "(default: ray when RAY_ADDRESS is set, else inprocess)")  # fmt: skip
@@ -110,10 +110,10 @@ def _federation(supernodes: int, gpus: float | None, backend: str | None = None)
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
+        return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes),
+                          gpus_per_client=share, backend=backend or default_backend())  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=share,
-                      backend=backend or default_backend())  # fmt: skip
 
 
 def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +33,8 @@ from experiments import procs
 from fedsketch import runlog
 
 CONNECTION = "fedsketch-sim"
+BACKENDS = ("inprocess", "ray")
+"""What can run a simulation's ClientApp calls (:class:`Federation`'s ``backend``)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class Federation:
     cpus_per_client: int = 1
     gpus_per_client: float = 0.0
     backend: str = "inprocess"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
 
     def toml(self, address: str) -> str:
         """The connection block for ``$FLWR_HOME/config.toml``."""
@@ -77,10 +83,9 @@ def cpus_per_node(num_supernodes: int, cores: int | None = None) -> int:
     return max(1, cores // num_supernodes)
 
 
-def default_backend(environ: dict[str, str] | None = None) -> str:
+def default_backend(environ: Mapping[str, str] | None = None) -> str:
     """``ray`` when ``RAY_ADDRESS`` names a Ray cluster to join (a run over several machines), else ``inprocess``."""
-    environ = dict(os.environ) if environ is None else environ
-    return "ray" if environ.get("RAY_ADDRESS") else "inprocess"
+    return "ray" if (os.environ if environ is None else environ).get("RAY_ADDRESS") else "inprocess"
 
 
 def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: int) -> float:

@@ -246,3 +246,8 @@ def test_cohorts_on_two_threads_at_once_equal_the_same_cohorts_one_after_another
         for x, y in zip(alone[i], together[i], strict=True):
             assert x.payload is not None and y.payload is not None
             np.testing.assert_array_equal(x.payload["table"], y.payload["table"])
+
+
+def test_an_unknown_backend_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert fedsketch_main(["run", "--backend", "threads", "--set", "num-rounds=1"]) != 0
+    assert "backend must be one of inprocess, ray; got 'threads'" in capsys.readouterr().err
