@@ -25,6 +25,7 @@ import pytest
 
 from experiments.cli import main as fedsketch_main
 from experiments.procs import processes_with_env
+from experiments.stopping import GRACE_S, TOKEN_VAR
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +98,17 @@ class Command:
         finally:
             self.kill()
         return code, time.monotonic() - start
+
+    def start_hung_process(self) -> subprocess.Popen[bytes]:
+        """A process that carries the command's token (from its record) and ignores SIGTERM, as a hung worker would."""
+        records = list((self.tmp / "state" / "invocations").glob(f"{self.proc.pid}-*.json"))
+        assert len(records) == 1, records
+        token = json.loads(records[0].read_text())["token"]
+        env = dict(os.environ, **{MARK: self.mark, TOKEN_VAR: token})
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+        hung = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+        assert hung.stdout is not None and hung.stdout.readline() == b"ready\n"
+        return hung
 
     def kill(self) -> None:
         """Whatever is left (only when a test fails)."""
@@ -206,11 +218,14 @@ def test_sigusr1_skips_one_strategy_and_a_second_ctrl_c_forces_the_stop(
     fetch = tmp_path / "runs" / "skip" / "fetchsgd"
     assert stopped(fetch)[:2] == ("skipped", "SIGUSR1")
     assert processes_with_env("FLWR_HOME", str(fetch / "flwr-home")) == []  # the skipped run's Flower and Ray
+    hung = cmd.start_hung_process()  # so the first Ctrl-C must wait out the grace period
     cmd.proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)  # while the first one waits for the processes to end on SIGTERM
+    cmd.wait_for_line("SIGINT: stopping every process this command started (again to force)")
     code, seconds = cmd.signal(signal.SIGINT)
     print(f"\nSIGINT twice to fedsketch run: exit code {code} after {seconds:.2f} s")
+    assert hung.wait(timeout=10) == -signal.SIGKILL
     assert (code, cmd.processes()) == (130, []), cmd.output()[-3000:]
+    assert seconds < GRACE_S  # forced: it did not wait for the hung process
     assert "forced: every process it started was killed" in cmd.output()
     assert stopped(tmp_path / "runs" / "skip" / "fedavg")[:2] == ("interrupted", "SIGINT")
 
