@@ -5,15 +5,20 @@ node carries the model (or, in a second exchange, a query), the round's config
 with the logical clients to run, and arrays for single clients; a reply carries
 one update and metrics record (or one failure record) per logical client.
 
-Bytes are counted here and only here (:func:`wire_bytes`): the sum of Flower's
-``deflate()`` over a record and, recursively, its children (arrays and their
-chunks), which is what goes on the wire. Identical chunks may be deduplicated
-in transport; they are counted as sent, so all-zero payloads never look cheap.
+Bytes are counted here and only here (:func:`wire_bytes`): the length of
+Flower's ``deflate()`` of a record and, recursively, of its children (arrays
+and their chunks), which is what goes on the wire. Flower sends an object once
+per id, so identical arrays in one record, or identical chunks of one array,
+are sent and counted once (only arrays over Flower's 5 MB chunk size can have
+identical chunks). An array's and a chunk's length are worked out from their
+sizes, without the SHA-256 that naming them costs (docs/simulation.md).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import operator
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +26,8 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE as MAX_CHUNK
+from flwr.supercore.constant import HEAD_BODY_DIVIDER, HEAD_VALUE_DIVIDER
 
 from fedsketch import wire
 
@@ -31,8 +38,56 @@ def wire_bytes(obj: Any) -> int:
     """Serialized size of a record (or RecordDict) and everything it references."""
     if isinstance(obj, RecordDict):
         return sum(wire_bytes(rec) for rec in obj.values())
+    if isinstance(obj, ArrayRecord):
+        return _array_record_bytes(obj)
     children = getattr(obj, "children", None) or {}
     return len(obj.deflate()) + sum(wire_bytes(child) for child in children.values())
+
+
+_ID_LEN = 64
+"""An object id: the hex SHA-256 of the object's deflated bytes."""
+
+
+def _object_bytes(kind: str, num_children: int, body: int) -> int:
+    """``len(add_header_to_object_body(...))``: ``KIND ID,ID,... BODYLEN`` + divider + body."""
+    ids = num_children * _ID_LEN + max(num_children - 1, 0)
+    return len(kind) + len(HEAD_VALUE_DIVIDER) * 2 + ids + len(str(body)) + len(HEAD_BODY_DIVIDER) + body
+
+
+def _distinct(items: list[Any], key: Any, same: Any) -> tuple[list[int], list[Any]]:
+    """Each item's index among the distinct ones, and the distinct ones in first-seen order.
+
+    ``same`` (a full comparison) runs only between items of equal ``key`` (their sizes).
+    """
+    firsts: list[Any] = []
+    index: list[int] = []
+    for item in items:
+        match = next((i for i, f in enumerate(firsts) if key(f) == key(item) and same(f, item)), None)
+        if match is None:
+            firsts.append(item)
+            match = len(firsts) - 1
+        index.append(match)
+    return index, firsts
+
+
+def _array_record_bytes(record: ArrayRecord) -> int:
+    """``ArrayRecord.deflate()`` (names -> ids) plus each distinct Array once."""
+    _, arrays = _distinct(list(record.values()), _array_size, lambda a, b: a.data == b.data)
+    body = len(json.dumps(dict.fromkeys(record.keys(), "0" * _ID_LEN)).encode())
+    return _object_bytes("ArrayRecord", len(arrays), body) + sum(map(_array_bytes, arrays))
+
+
+def _array_size(array: Array) -> tuple[str, tuple[int, ...], str, int]:
+    return array.dtype, tuple(array.shape), array.stype, len(array.data)
+
+
+def _array_bytes(array: Array) -> int:
+    """``Array.deflate()`` (its metadata and chunk list) plus each distinct chunk once."""
+    data = memoryview(array.data)
+    index, chunks = _distinct([data[i : i + MAX_CHUNK] for i in range(0, len(data), MAX_CHUNK)], len, operator.eq)
+    meta = {"dtype": array.dtype, "shape": array.shape, "stype": array.stype, "arraychunk_ids": index}
+    body = len(json.dumps(meta).encode())
+    return _object_bytes("Array", len(chunks), body) + sum(_object_bytes("ArrayChunk", 0, len(c)) for c in chunks)
 
 
 def payload_to_record(payload: Mapping[str, np.ndarray]) -> ArrayRecord:
