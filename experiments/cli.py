@@ -24,14 +24,17 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsketch.config import ConfigError, RunConfig
+from fedsketch.setting import ConfigError
 
 if TYPE_CHECKING:
     from experiments.launch import Federation
+    from experiments.plan import Plan
     from experiments.stopping import Invocation
+    from fedsketch.runlog import RunSpec
 
 APP_DIR = Path(__file__).resolve().parent.parent
 
@@ -65,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--target", type=float, nargs="+", default=[], metavar="ACC",
                         help="accuracies to report bytes-to-target for (default: 90%% of the best final)")  # fmt: skip
     _add_deploy_parser(sub)
+    run_plan_parser = sub.add_parser("run-plan")  # internal: the second half of `run` (experiments/plan.py)
+    run_plan_parser.add_argument("plan", type=Path)
     return parser
 
 
@@ -79,12 +84,9 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Validate every run first, then execute them one by one with a progress display."""
-    from experiments import runner, stopping
-    from experiments.launch import flwr_run
+    """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
+    from experiments import plan, runner
     from experiments.preflight import check_runs
-    from experiments.progress import RunWatcher, make_progress
-    from fedsketch import runlog
 
     overrides = runner.parse_overrides(args.overrides)
     overrides["out-dir"] = str(args.out.resolve())
@@ -92,14 +94,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
     check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
     federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
+    validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
+    if args.as_program:
+        plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch (experiments/plan.py)
+    return run_plan(plan.Plan.from_json(validated.to_json()))
+
+
+def cmd_run_plan(args: argparse.Namespace) -> int:
+    """The second half of ``run``: the plan the first half validated and wrote."""
+    from experiments.plan import read_plan
+
+    return run_plan(read_plan(args.plan))
+
+
+def run_plan(validated: Plan) -> int:
+    """Execute the plan's runs one by one with a progress display; then the outcomes, plots and report."""
+    from experiments import runner, stopping
+    from experiments.launch import flwr_run
+    from experiments.plan import PlannedRun
+    from experiments.progress import RunWatcher, make_progress
+    from fedsketch import runlog
+
     with stopping.Invocation("run") as invocation, make_progress() as progress:
 
-        def execute(cfg: RunConfig, path: Path) -> int:
-            watcher = RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds)
-            return flwr_run(APP_DIR, path / "run_config.toml", federation, path, poll=stopping.checked(watcher))
+        def execute(run: PlannedRun, path: Path) -> int:
+            watcher = RunWatcher(progress, runner.describe(run), path, run.num_rounds)
+            return flwr_run(APP_DIR, path / "run_config.toml", validated.federation, path,
+                            poll=stopping.checked(watcher))  # fmt: skip
 
-        results = runner.run_all(experiment, execute)
-    return _conclude(results, invocation, runlog.experiment_dir(experiment.runs[0]), plot=not args.no_plot)
+        results = runner.run_all(validated.runs, execute)
+    return _conclude(results, invocation, runlog.experiment_dir(validated.runs[0]), plot=validated.plot)
 
 
 def _federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
@@ -116,7 +140,7 @@ def _federation(supernodes: int, gpus: float | None, backend: str | None = None)
         raise ConfigError(str(exc)) from None
 
 
-def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:
+def _conclude(results: Sequence[tuple[RunSpec, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:
     """Print each run's outcome; draw the plots and write the report unless stopped; the exit code."""
     _print_outcomes(results)
     stop = invocation.stopped_by
@@ -129,9 +153,9 @@ def _conclude(results: list[tuple[RunConfig, str]], invocation: Invocation, exp_
     return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
 
 
-def _print_outcomes(results: list[tuple[RunConfig, str]]) -> None:
+def _print_outcomes(results: Sequence[tuple[RunSpec, str]]) -> None:
     """One line per run; a failed run also gets the error its ``flower.log`` ends with."""
-    from experiments.preflight import failure_reason
+    from experiments.results import failure_reason
     from experiments.runner import describe
     from fedsketch import runlog
 
@@ -234,7 +258,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
         with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
 
-            def execute(cfg: RunConfig, path: Path) -> int:
+            def execute(cfg: RunSpec, path: Path) -> int:
                 watcher = stopping.checked(RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds))
                 try:
                     return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
@@ -249,7 +273,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                         print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
                     raise
 
-            results = runner.run_all(experiment, execute)
+            results = runner.run_all(experiment.runs, execute)
     return _conclude(results, invocation, exp_dir, plot=not args.no_plot)
 
 
@@ -273,8 +297,10 @@ def _dispatch(argv: list[str] | None) -> int:
     from experiments.stopping import Interrupted
 
     args = _parser().parse_args(argv)
+    args.as_program = argv is None
+    commands = {"run": cmd_run, "run-plan": cmd_run_plan, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}
     try:
-        return {"run": cmd_run, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}[args.command](args)
+        return commands[args.command](args)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"fedsketch: error: {exc}", file=sys.stderr)
         return 2

@@ -271,6 +271,10 @@ def simulation_superlink(
         procs.stop_carrying("FLWR_HOME", str(flwr_home), grace_s, seen=seen)
 
 
+LOGS_GRACE_S = 3.0
+"""How long a finished run waits for the ServerApp's last log line to reach ``flower.log``."""
+
+
 def flwr_run(
     app_dir: Path,
     run_config: Path,
@@ -310,8 +314,21 @@ def _flwr_run(
                     poll()
                 time.sleep(0.1)
                 done = finished()
+            if done:
+                _wait_for_line(log_file, runlog.SERVER_DONE_LOG, LOGS_GRACE_S, proc)
         finally:
             stop_group(proc)
         if poll is not None:
             poll()
         return 0 if done else int(proc.returncode or 0)
+
+
+def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
+    """Until ``line`` is in ``log_file`` (the ServerApp's logs have all been streamed), ``proc`` ends, or a timeout."""
+    deadline = time.monotonic() + timeout_s
+    needle = line.encode()
+    while time.monotonic() < deadline and proc.poll() is None:
+        if needle in log_file.read_bytes():
+            return True
+        time.sleep(0.05)
+    return needle in log_file.read_bytes()

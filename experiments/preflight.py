@@ -1,4 +1,4 @@
-"""Checks that need the model, run before any Flower process starts; and why a run failed.
+"""Checks that need the model, run before any Flower process starts.
 
 Settings that do not fit the model (``k`` above the number of parameters,
 client state above ``max-client-state-mb``) would otherwise surface only inside
@@ -9,9 +9,7 @@ any data, so the check is cheap even for datasets that take minutes to load.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.data.registry import DATASETS
@@ -23,8 +21,6 @@ SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
     if info.input_shape is not None and info.num_classes is not None
 }
 """Input shape and number of classes of each dataset whose shape is fixed (``npz`` is the user's)."""
-
-_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b: (.+)$")
 
 
 def model_size(cfg: RunConfig) -> int | None:
@@ -52,16 +48,3 @@ def check_runs(runs: Iterable[RunConfig]) -> None:
         d = sizes[key]
         if d is not None:
             check_against_model(cfg, d)
-
-
-def failure_reason(run_dir: Path) -> str:
-    """The last exception a failed run's ``flower.log`` records (``""`` if none)."""
-    log = run_dir / "flower.log"
-    if not log.is_file():
-        return ""
-    reason = ""
-    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        match = _ERROR.match(line.strip())
-        if match:
-            reason = f"{match.group(1)}: {match.group(2)}"
-    return reason

@@ -165,3 +165,19 @@ def format_bytes(n: float, digits: int = 3) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
+
+
+_ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b: (.+)$")
+
+
+def failure_reason(run_dir: Path) -> str:
+    """The last exception a failed run's ``flower.log`` records (``""`` if none)."""
+    log = run_dir / "flower.log"
+    if not log.is_file():
+        return ""
+    reason = ""
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        match = _ERROR.match(line.strip())
+        if match:
+            reason = f"{match.group(1)}: {match.group(2)}"
+    return reason

@@ -18,15 +18,21 @@ from __future__ import annotations
 import json
 import shutil
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from experiments import stopping, sweep
-from fedsketch import checkpoint, runlog
-from fedsketch.config import ConfigError, RunConfig
+from experiments import stopping
+from fedsketch import runlog
+from fedsketch.runlog import RunSpec
+from fedsketch.setting import ConfigError
 
+if TYPE_CHECKING:  # planning needs them (and torch); running a plan does not (experiments/plan.py)
+    from experiments import sweep
+    from fedsketch.config import RunConfig
+
+Run = TypeVar("Run", bound=RunSpec)
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "default.toml"
 
 
@@ -68,6 +74,9 @@ def load_experiment(
     FileNotFoundError
         If ``path`` does not exist.
     """
+    from experiments import sweep
+    from fedsketch.config import RunConfig
+
     if not path.exists():
         raise FileNotFoundError(f"experiment config {path} not found")
     with open(path, "rb") as f:
@@ -108,6 +117,8 @@ def _parse_sweep(
     A key both swept and set with ``--set`` is refused rather than resolved
     either way: one of the two would be silently dropped.
     """
+    from experiments import sweep
+
     grid = sweep.parse_sweep(table, str(path))
     sweep.check_applies(grid, listed, str(path))
     clash = sorted(set(grid) & set(overrides))
@@ -122,6 +133,9 @@ def _point_runs(
     base: RunConfig, table: Mapping[str, Any], point: Mapping[str, Any], overrides: Mapping[str, Any], n_seeds: int
 ) -> list[RunConfig]:
     """One strategy's runs at one sweep point, one per seed: file, then point, then command line."""
+    from experiments import sweep
+    from fedsketch.config import RunConfig
+
     cfg = RunConfig.from_mapping({**table, **point}, base=base)
     cfg = RunConfig.from_mapping(dict(overrides), base=cfg)  # command line wins
     if point:
@@ -131,12 +145,12 @@ def _point_runs(
     return [RunConfig.from_mapping({"seed": cfg.seed + s}, base=cfg) for s in range(n_seeds)]
 
 
-def describe(cfg: RunConfig) -> str:
+def describe(cfg: RunSpec) -> str:
     """``fetchsgd rows3-cols5000 seed 1``: which run this is, for progress and summaries."""
     return " ".join(part for part in (cfg.strategy, runlog.sweep_point(cfg), f"seed {cfg.seed}") if part)
 
 
-def is_finished(cfg: RunConfig) -> bool:
+def is_finished(cfg: RunSpec) -> bool:
     """The run's metrics reach its last round and its saved config is this one."""
     path = runlog.run_dir(cfg)
     config_file = path / "config.json"
@@ -148,7 +162,7 @@ def is_finished(cfg: RunConfig) -> bool:
     return bool(rows) and rows[-1].get("round") == cfg.num_rounds
 
 
-def prepare(cfg: RunConfig) -> Path:
+def prepare(cfg: RunSpec) -> Path:
     """Clear an unfinished run's folder (unless it can resume) and write the run config Flower will read."""
     path = runlog.run_dir(cfg)
     if path.exists() and not is_resumable(cfg):
@@ -160,24 +174,24 @@ def prepare(cfg: RunConfig) -> Path:
     return path
 
 
-def is_resumable(cfg: RunConfig) -> bool:
+def is_resumable(cfg: RunSpec) -> bool:
     """The run checkpoints, left a checkpoint, and its saved config is this one: the strategy resumes it."""
     path = runlog.run_dir(cfg)
     config_file = path / "config.json"
-    if not cfg.checkpoint_every or not (path / checkpoint.FILE).exists() or not config_file.exists():
+    if not cfg.checkpoint_every or not (path / runlog.CHECKPOINT).exists() or not config_file.exists():
         return False
     return bool(json.loads(config_file.read_text(encoding="utf-8")) == cfg.to_mapping())
 
 
-def run_all(experiment: Experiment, execute: Callable[[RunConfig, Path], int]) -> list[tuple[RunConfig, str]]:
-    """Execute every unfinished run; returns ``(config, outcome)`` per run.
+def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tuple[Run, str]]:
+    """Execute every unfinished run of ``runs`` (an experiment's, or a plan's); returns ``(run, outcome)`` per run.
 
     A run stopped on request (:mod:`experiments.stopping`) is marked as such in
     its folder; when the whole command was interrupted, the later runs are
     listed as not started.
     """
-    results: list[tuple[RunConfig, str]] = []
-    for i, cfg in enumerate(experiment.runs):
+    results: list[tuple[Run, str]] = []
+    for i, cfg in enumerate(runs):
         if is_finished(cfg):
             results.append((cfg, "already finished"))
             continue
@@ -188,7 +202,7 @@ def run_all(experiment: Experiment, execute: Callable[[RunConfig, Path], int]) -
         except stopping.Stop as stop:
             results.append((cfg, stopping.record(path, cfg.num_rounds, stop)))
             if isinstance(stop, stopping.Interrupted):
-                return results + [(later, "not started") for later in experiment.runs[i + 1 :]]
+                return results + [(later, "not started") for later in runs[i + 1 :]]
             continue
         results.append((cfg, "finished" if is_finished(cfg) else f"failed (exit code {code})"))
     return results

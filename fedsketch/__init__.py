@@ -9,8 +9,23 @@ Learning with Sketching", ICML 2020; Ivkin et al., "Communication-efficient
 Distributed SGD with Sketching", NeurIPS 2019.
 """
 
-from fedsketch.config import ConfigError, RunConfig
-from fedsketch.sketch import CountSketch
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedsketch.config import ConfigError, RunConfig
+    from fedsketch.sketch import CountSketch
 
 __all__ = ["ConfigError", "CountSketch", "RunConfig"]
 __version__ = "0.1.0"
+_HOMES = {"ConfigError": "fedsketch.setting", "RunConfig": "fedsketch.config", "CountSketch": "fedsketch.sketch"}
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, imported when first asked for: ``fedsketch.runlog`` and the CLI's
+    watching half need no torch (docs/simulation.md, "Memory")."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'fedsketch' has no attribute {name!r}")

@@ -35,11 +35,12 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fedsketch import runlog
 from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.download import DownloadLedger
 
-FILE = "checkpoint.pt"
+FILE = runlog.CHECKPOINT
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
 VERSION = 2  # 2: the books are one dataclass (fedsketch.books)

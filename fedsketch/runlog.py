@@ -20,35 +20,61 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fedsketch.books import Books
-from fedsketch.config import RunConfig
+if TYPE_CHECKING:
+    from fedsketch.books import Books
+    from fedsketch.config import RunConfig
 
 ROUNDS = "rounds.jsonl"
 STATUS = "status.json"
 SERVER_DONE = "server_done.json"
 """Written by the ServerApp as its last act: everything the run keeps is on disk (see :func:`mark_server_done`)."""
+SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
+"""The ServerApp's last log line, logged just before :func:`mark_server_done`: the launcher waits for it in
+``flower.log`` (Flower streams the ServerApp's logs with a lag of up to about 0.7 s) before stopping Flower."""
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
+CHECKPOINT = "checkpoint.pt"
+"""A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.checkpoint`)."""
 
-def experiment_name(cfg: RunConfig) -> str:
+
+class RunSpec(Protocol):
+    """What the run folders need of a run: a :class:`~fedsketch.config.RunConfig`, or its saved settings
+    (:class:`experiments.plan.PlannedRun`, which needs no torch)."""
+
+    @property
+    def experiment(self) -> str: ...
+    @property
+    def out_dir(self) -> str: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def num_rounds(self) -> int: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    def to_mapping(self) -> dict[str, Any]: ...
+
+
+def experiment_name(cfg: RunSpec) -> str:
     """The experiment's own name, without the sweep point."""
     return cfg.experiment.partition(POINT_SEP)[0]
 
 
-def sweep_point(cfg: RunConfig) -> str:
+def sweep_point(cfg: RunSpec) -> str:
     """The sweep point's name (e.g. ``rows3-cols5000``); ``""`` for a run that is not part of a sweep."""
     return cfg.experiment.partition(POINT_SEP)[2]
 
 
-def experiment_dir(cfg: RunConfig) -> Path:
+def experiment_dir(cfg: RunSpec) -> Path:
     """``<out-dir>/<experiment>``: the folder of every run of the experiment, and of its plots and report."""
     return Path(cfg.out_dir) / experiment_name(cfg)
 
 
-def run_dir(cfg: RunConfig) -> Path:
+def run_dir(cfg: RunSpec) -> Path:
     """``<out-dir>/<experiment>/<strategy>[/<sweep point>]``, plus ``seed<k>`` when the seed is not 0."""
     path = experiment_dir(cfg) / cfg.strategy
     if sweep_point(cfg):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
@@ -60,4 +62,5 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(grid)
     if cfg.client_state == "disk":  # of no use once the run has ended (and possibly gigabytes)
         clear_states(cfg)
+    log(INFO, runlog.SERVER_DONE_LOG)
     runlog.mark_server_done(out_dir, cfg.num_rounds)

@@ -80,7 +80,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.Experimen
     tmp = tmp_path_factory.mktemp("sweep")
     (tmp / "sweep.toml").write_text(SWEEP, encoding="utf-8")
     experiment = runner.load_experiment(tmp / "sweep.toml", {"out-dir": str(tmp / "runs")})
-    outcomes = runner.run_all(experiment, _in_process)
+    outcomes = runner.run_all(experiment.runs, _in_process)
     assert [o for _, o in outcomes] == ["finished"] * 14
     return experiment, tmp / "runs" / "tiny"
 
@@ -120,7 +120,7 @@ def test_every_sweep_point_has_its_own_folder_and_finished_runs_are_not_redone(
     upload = {label: seeds[0][-1]["cum_upload_bytes"] for label, seeds in rows.items()}
     assert upload["fetchsgd cols100-k20"] < upload["fetchsgd cols300-k20"] < upload["fedavg"]
     assert upload["true_topk k20"] == upload["true_topk k60"] == upload["fedavg"]  # dense uploads
-    assert [o for _, o in runner.run_all(experiment, _in_process)] == ["already finished"] * 14
+    assert [o for _, o in runner.run_all(experiment.runs, _in_process)] == ["already finished"] * 14
 
 
 def test_figures_hold_one_series_per_run_group_as_recomputed_from_the_metrics(

@@ -78,11 +78,11 @@ def test_finished_runs_are_skipped_and_unfinished_ones_restarted(tmp_path: Path)
             runlog.append_metrics(path, {"round": rnd, "strategy": cfg.strategy})
         return 0
 
-    assert [o for _, o in runner.run_all(exp, fake_flower)] == ["finished", "finished"]
-    assert [o for _, o in runner.run_all(exp, fake_flower)] == ["already finished", "already finished"]
+    assert [o for _, o in runner.run_all(exp.runs, fake_flower)] == ["finished", "finished"]
+    assert [o for _, o in runner.run_all(exp.runs, fake_flower)] == ["already finished", "already finished"]
     fedavg_dir = runlog.run_dir(exp.runs[1])
     (fedavg_dir / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")  # interrupted after round 1
-    assert [o for _, o in runner.run_all(exp, fake_flower)] == ["already finished", "finished"]
+    assert [o for _, o in runner.run_all(exp.runs, fake_flower)] == ["already finished", "finished"]
     assert calls == ["fetchsgd", "fedavg", "fedavg"]
     assert len(runlog.read_metrics(fedavg_dir)) == 2
 

@@ -125,7 +125,7 @@ def _rounds(stop_after: dict[str, tuple[int, stopping.Stop]]):  # type: ignore[n
 def test_a_skipped_run_is_marked_and_the_next_runs_interrupted_run_ends_the_experiment(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     stops = {"fetchsgd": (2, stopping.Skipped()), "fedavg": (3, stopping.Interrupted(signal.SIGINT))}
-    outcomes = [o for _, o in runner.run_all(exp, _rounds(stops))]  # type: ignore[arg-type]
+    outcomes = [o for _, o in runner.run_all(exp.runs, _rounds(stops))]  # type: ignore[arg-type]
     assert outcomes == [
         "skipped (SIGUSR1) after round 2 of 4", "interrupted (SIGINT) after round 3 of 4", "not started",
     ]  # fmt: skip
@@ -135,7 +135,7 @@ def test_a_skipped_run_is_marked_and_the_next_runs_interrupted_run_ends_the_expe
     assert [r["round"] for r in runlog.read_metrics(dense)] == [1, 2, 3]
     assert not runlog.run_dir(exp.runs[2]).exists()
     # The next command restarts both from scratch, as it does any unfinished run.
-    assert [o for _, o in runner.run_all(exp, _rounds({}))] == ["finished"] * 3  # type: ignore[arg-type]
+    assert [o for _, o in runner.run_all(exp.runs, _rounds({}))] == ["finished"] * 3  # type: ignore[arg-type]
     assert runlog.read_status(fetch) is None and runlog.read_status(dense) is None
     assert [r["round"] for r in runlog.read_metrics(dense)] == [1, 2, 3, 4]
 
@@ -143,11 +143,11 @@ def test_a_skipped_run_is_marked_and_the_next_runs_interrupted_run_ends_the_expe
 def test_an_interrupted_run_that_checkpoints_resumes_and_is_no_longer_marked(tmp_path: Path) -> None:
     exp = _experiment(tmp_path, **{"checkpoint-every": 1})
     stops = {"fetchsgd": (2, stopping.Interrupted(signal.SIGTERM))}
-    runner.run_all(exp, _rounds(stops))  # type: ignore[arg-type]
+    runner.run_all(exp.runs, _rounds(stops))  # type: ignore[arg-type]
     path = runlog.run_dir(exp.runs[0])
     (path / checkpoint.FILE).write_bytes(b"stands for the checkpoint of round 2")
     assert runner.is_resumable(exp.runs[0]) and runlog.read_status(path) is not None
-    assert [o for _, o in runner.run_all(exp, _rounds({}))] == ["finished"] * 3  # type: ignore[arg-type]
+    assert [o for _, o in runner.run_all(exp.runs, _rounds({}))] == ["finished"] * 3  # type: ignore[arg-type]
     assert [r["round"] for r in runlog.read_metrics(path)] == [1, 2, 3, 4]  # resumed: rounds 1-2 kept
     assert runlog.read_status(path) is None
 
