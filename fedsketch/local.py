@@ -74,11 +74,21 @@ def local_update(
     losses = []
     for _ in range(spec.steps):
         losses.append(_gradient_step(model, x, y, spec, gen))
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.add_(p.grad + spec.weight_decay * p, alpha=-spec.lr)
+        _sgd_step(model, spec.lr, spec.weight_decay)
     return LocalResult(weights - get_flat(model), len(x), sum(losses) / len(losses))
+
+
+@torch.no_grad()
+def _sgd_step(model: nn.Module, lr: float, weight_decay: float) -> None:
+    """``p -= lr * (grad + weight_decay * p)``; without weight decay, ``p -= lr * grad`` in place (the same
+    floats: ``grad + 0 * p`` is ``grad``), which spares two temporaries per parameter and step."""
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if weight_decay:
+            p.add_(p.grad + weight_decay * p, alpha=-lr)
+        else:
+            p.add_(p.grad, alpha=-lr)
 
 
 def require_examples(x: torch.Tensor) -> None:
