@@ -39,10 +39,10 @@ from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientA
 from flwr.common.logger import log
 from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
 
+from clients import SIM_BACKEND_ENV
 from clients.messages import delivered
 
-ENV = "FEDSKETCH_SIM_BACKEND"
-"""The environment variable the launcher sets: ``inprocess`` or ``ray``."""
+ENV = SIM_BACKEND_ENV
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """Where Flower 1.41's ``start_vce`` imports its backend from."""
