@@ -190,7 +190,7 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_f
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise RuntimeError(f"flower-superlink did not start within {timeout:.0f} s; see {log_file}")
 
 
@@ -246,8 +246,9 @@ def staged_app(app_dir: Path) -> Iterator[Path]:
 @contextmanager
 def simulation_superlink(
     flwr_home: Path, federation: Federation, log_file: Path, finished: Callable[[], bool] = lambda: False
-) -> Iterator[dict[str, str]]:
-    """A private simulation SuperLink; yields the environment for ``flwr`` commands.
+) -> Iterator[tuple[dict[str, str], Callable[[], None]]]:
+    """A private simulation SuperLink; yields the environment for ``flwr`` commands, and a function that waits
+    until it answers (other work can go on while it starts).
 
     On the way out every process of it is stopped: SIGTERM, then SIGKILL after
     5 s; or SIGKILL at once when ``finished()`` says the run kept all it needs
@@ -262,8 +263,7 @@ def simulation_superlink(
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_healthy(port, proc, 60.0, log_file)
-        yield env
+        yield env, partial(wait_healthy, port, proc, 60.0, log_file)
     finally:  # what runs now, found before the SuperLink goes: Ray's agents lose their parent with it
         seen: procs.Seen = {}
         procs.carrying("FLWR_HOME", str(flwr_home), seen)
@@ -293,35 +293,38 @@ def flwr_run(
     is submitted from a copy of its own files (:func:`stage_app`).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    with staged_app(app_dir) as staged:
-        return _flwr_run(staged, run_config, federation, work_dir, poll)
+    log_file = work_dir / "flower.log"
+    finished = partial(runlog.server_done, work_dir)
+    home = work_dir / "flwr-home"
+    with simulation_superlink(home, federation, log_file, finished) as (env, healthy), staged_app(app_dir) as staged:
+        healthy()  # the app was staged while the SuperLink started
+        return _flwr_run(staged, run_config, env, log_file, finished, poll)
 
 
 def _flwr_run(
-    app_dir: Path, run_config: Path, federation: Federation, work_dir: Path, poll: Callable[[], None] | None
-) -> int:
-    log_file = work_dir / "flower.log"
-    finished = partial(runlog.server_done, work_dir)
-    with simulation_superlink(work_dir / "flwr-home", federation, log_file, finished) as env:
-        cmd = [bin_path("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(run_config)]
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        done = False
-        try:
-            for tick in itertools.count():
-                if proc.poll() is not None or done:
-                    break
-                if poll is not None and tick % 5 == 0:
-                    poll()
-                time.sleep(0.1)
-                done = finished()
-            if done:
-                _wait_for_line(log_file, runlog.SERVER_DONE_LOG, LOGS_GRACE_S, proc)
-        finally:
-            stop_group(proc)
-        if poll is not None:
-            poll()
-        return 0 if done else int(proc.returncode or 0)
+    app_dir: Path, run_config: Path, env: dict[str, str], log_file: Path, finished: Callable[[], bool],
+    poll: Callable[[], None] | None,
+) -> int:  # fmt: skip
+    """``flwr run`` of the staged app until it ends or the ServerApp has marked the run done."""
+    cmd = [bin_path("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(run_config)]
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    done = False
+    try:
+        for tick in itertools.count():
+            if proc.poll() is not None or done:
+                break
+            if poll is not None and tick % 5 == 0:
+                poll()
+            time.sleep(0.1)
+            done = finished()
+        if done:
+            _wait_for_line(log_file, runlog.SERVER_DONE_LOG, LOGS_GRACE_S, proc)
+    finally:
+        stop_group(proc)
+    if poll is not None:
+        poll()
+    return 0 if done else int(proc.returncode or 0)
 
 
 def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
