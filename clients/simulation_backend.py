@@ -72,8 +72,6 @@ class InProcessBackend(Backend):
         self.app: ClientApp | None = None
         self.threads = max(1, len(os.sched_getaffinity(0)) // self.workers)
         self._local = threading.local()
-        self._first = threading.Lock()
-        self._warm = threading.Event()
 
     @property
     def num_workers(self) -> int:
@@ -93,17 +91,10 @@ class InProcessBackend(Backend):
     def process_message(self, message: Message, context: Context) -> tuple[Message, Context]:
         """The ClientApp's reply to a copy of ``message``, and the node's updated ``Context``.
 
-        The first message runs alone: it loads the data and model caches, which
-        two workers starting together would otherwise build twice.
+        Messages run at once from the first: the ServerApp, in this process,
+        has loaded the data before it sent any (and each thread builds its own
+        scratch model), so there is no cache for the first message to warm.
         """
-        if not self._warm.is_set():
-            with self._first:
-                reply = self._run(message, context)
-                self._warm.set()
-                return reply
-        return self._run(message, context)
-
-    def _run(self, message: Message, context: Context) -> tuple[Message, Context]:
         if self.app is None:
             raise ValueError("InProcessBackend.process_message called before build()")
         if not getattr(self._local, "threads_set", False):
