@@ -335,3 +335,18 @@ def test_zero_buckets_zeroes_exactly_the_touched_buckets() -> None:
     sketch.zero_buckets(indices)
     assert torch.all(sketch.table[touched] == 0) and torch.equal(sketch.table[~touched], before[~touched])
     assert torch.equal(sketch.estimate(indices), torch.zeros(3))
+
+
+def test_hash_functions_are_derived_once_per_seed_shape_and_device() -> None:
+    from fedsketch._hashing import TabulationHash
+
+    args = (7, 10_000, 3, 500, torch.device("cpu"))
+    shared = TabulationHash.build(*args)
+    assert TabulationHash.build(*args) is shared  # every sketch of a run shares them
+    fresh = TabulationHash.derive(*args)
+    for name in ("coeffs", "pos", "inv", "lo_sign", "inv_sign"):
+        assert torch.equal(getattr(shared, name), getattr(fresh, name)), name
+    for other in ((8, 10_000, 3, 500), (7, 10_001, 3, 500), (7, 10_000, 4, 500), (7, 10_000, 3, 501)):
+        built = TabulationHash.build(*other, torch.device("cpu"))
+        assert (built.d, built.rows, built.cols) == other[1:]
+        assert not torch.equal(built.coeffs[:, :1], shared.coeffs[:, :1])  # all four arguments are in the key
