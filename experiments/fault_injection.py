@@ -30,6 +30,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST = ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider")
 TIMEOUT_S = 900
+TIMED_OUT = 124
 
 
 class FaultListError(ValueError):
@@ -241,7 +243,9 @@ def run_tests(tree: Path, tests: Sequence[str], every: bool = False) -> tuple[in
             command, cwd=tree, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
-        return -1, f"timed out after {TIMEOUT_S} s"
+        return TIMED_OUT, f"timed out after {TIMEOUT_S} s"
+    if done.returncode < 0:  # killed by a signal: a fault can make torch crash (two threads on one model)
+        return done.returncode, f"the tests crashed ({signal.Signals(-done.returncode).name})"
     found = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.MULTILINE)
     if found:
         return done.returncode, " ".join(found if every else found[:1])
@@ -261,9 +265,10 @@ def run_fault(fault: Fault | None, tests: Sequence[str], src: Path = ROOT, every
     seconds = time.perf_counter() - start
     if fault is None:
         return Outcome("(none: the code as it is)", "passed" if code == 0 else "FAILED", test, seconds)
-    # pytest exits 1 when tests failed; 0 means the fault went unnoticed; anything else
-    # (collection error, unknown test id, time-out) is not a test catching the math.
-    verdict = {0: "missed", 1: "caught"}.get(code, "error")
+    # pytest exits 1 when tests failed, and a crash under the fault (a signal) is noticed too; 0 means
+    # the fault went unnoticed; anything else (collection error, unknown test id, time-out) is not a
+    # test catching the math.
+    verdict = "caught" if code == 1 or code < 0 else {0: "missed"}.get(code, "error")
     return Outcome(fault.name, verdict, test if code != 0 else "", seconds)
 
 
