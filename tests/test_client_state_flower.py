@@ -30,7 +30,11 @@ def _watch(folder: Path, seen: dict[int, list[State]], stop: threading.Event) ->
     """Every new version of each client's state file (written by rename: always whole)."""
     versions: dict[int, int] = {}
     while not stop.wait(0.05):
-        for file in folder.rglob("*.npz") if folder.is_dir() else []:  # one folder per Flower run
+        try:
+            files = list(folder.rglob("*.npz")) if folder.is_dir() else []  # one folder per Flower run
+        except OSError:  # a run's folder removed while walked (its clean-up at the end): look again
+            continue
+        for file in files:
             try:
                 cid, version = int(file.stem), file.stat().st_mtime_ns
                 if versions.get(cid) != version:
