@@ -42,8 +42,6 @@ from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
 from clients import SIM_BACKEND_ENV
 from clients.messages import delivered
 
-ENV = SIM_BACKEND_ENV
-
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """Where Flower 1.41's ``start_vce`` imports its backend from."""
 
@@ -122,7 +120,7 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
     already, gets the class swapped; otherwise a stand-in module answers the
     engine's import, and Ray is never imported.
     """
-    if (os.environ if environ is None else environ).get(ENV) != "inprocess":
+    if (os.environ if environ is None else environ).get(SIM_BACKEND_ENV) != "inprocess":
         return False
     module = sys.modules.get(RAY_MODULE)
     if module is None:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from fedsketch.runlog import RunSpec
 
 APP_DIR = Path(__file__).resolve().parent.parent
+RUN_PLAN = "run-plan"
+"""The internal command that runs what ``run`` validated (:func:`experiments.plan.exec_run_plan`)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--target", type=float, nargs="+", default=[], metavar="ACC",
                         help="accuracies to report bytes-to-target for (default: 90%% of the best final)")  # fmt: skip
     _add_deploy_parser(sub)
-    run_plan_parser = sub.add_parser("run-plan")  # internal: the second half of `run` (experiments/plan.py)
+    run_plan_parser = sub.add_parser(RUN_PLAN)  # internal: the second half of `run` (experiments/plan.py)
     run_plan_parser.add_argument("plan", type=Path)
     return parser
 
@@ -298,7 +300,7 @@ def _dispatch(argv: list[str] | None) -> int:
 
     args = _parser().parse_args(argv)
     args.as_program = argv is None
-    commands = {"run": cmd_run, "run-plan": cmd_run_plan, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}
+    commands = {"run": cmd_run, RUN_PLAN: cmd_run_plan, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}
     try:
         return commands[args.command](args)
     except (ConfigError, FileNotFoundError) as exc:

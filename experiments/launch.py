@@ -327,12 +327,9 @@ def _flwr_run(
     return 0 if done else int(proc.returncode or 0)
 
 
-def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> bool:
+def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
     """Until ``line`` is in ``log_file`` (the ServerApp's logs have all been streamed), ``proc`` ends, or a timeout."""
     deadline = time.monotonic() + timeout_s
     needle = line.encode()
-    while time.monotonic() < deadline and proc.poll() is None:
-        if needle in log_file.read_bytes():
-            return True
+    while time.monotonic() < deadline and proc.poll() is None and needle not in log_file.read_bytes():
         time.sleep(0.05)
-    return needle in log_file.read_bytes()

@@ -28,10 +28,6 @@ from experiments.launch import Federation
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-APP_DIR = Path(__file__).resolve().parent.parent
-COMMAND = "run-plan"
-"""The CLI's internal command that runs a plan (``python -m experiments.cli run-plan FILE``)."""
-
 
 @dataclass(frozen=True)
 class PlannedRun:
@@ -100,7 +96,9 @@ def exec_run_plan(plan: Plan) -> NoReturn:
         f.write(plan.to_json())
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-c", _ENTRY, str(APP_DIR), COMMAND, path])
+    from experiments.cli import APP_DIR, RUN_PLAN
+
+    os.execv(sys.executable, [sys.executable, "-c", _ENTRY, str(APP_DIR), RUN_PLAN, path])
 
 
 def read_plan(path: Path) -> Plan:

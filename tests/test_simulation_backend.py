@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 
-from clients import simulation_backend
+from clients import SIM_BACKEND_ENV
 from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, worker_count
 from experiments.cli import main as fedsketch_main
 from experiments.inprocess import task_identity
@@ -119,9 +119,9 @@ def test_workers_run_messages_side_by_side_from_the_first() -> None:
 def test_install_answers_flowers_import_only_when_the_launcher_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, RAY_MODULE, raising=False)
     assert not install({})
-    assert not install({simulation_backend.ENV: "ray"})
+    assert not install({SIM_BACKEND_ENV: "ray"})
     assert RAY_MODULE not in sys.modules
-    assert install({simulation_backend.ENV: "inprocess"})
+    assert install({SIM_BACKEND_ENV: "inprocess"})
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend  # what Flower's start_vce imports
 
     assert RayBackend is InProcessBackend
