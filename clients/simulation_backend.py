@@ -23,16 +23,24 @@ it (``FEDSKETCH_SIM_BACKEND=inprocess`` in the environment the simulation
 process inherits). The ClientApp module calls it on import, which Flower does
 in ``start_vce`` before it builds the backend. Without the variable (Ray, a
 multi-machine run, a deployed SuperNode) nothing changes.
+
+With it, :func:`pick_up_sooner` also shortens the wait of the engine's loop
+that moves messages from the link state to the workers: Flower's waits 0.1 s
+between looks, on average 0.05 s of every round on a 0.75 s round
+(docs/simulation.md, "Where a round goes").
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
 import types
 from collections.abc import Callable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
+from queue import Queue
+from typing import Any
 
 from flwr.app import Context, Message
 from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientAppError
@@ -44,6 +52,11 @@ from clients.messages import delivered
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """Where Flower 1.41's ``start_vce`` imports its backend from."""
+PICKUP_S_PER_NODE = 0.005
+"""The pick-up loop's wait per node: each look asks the link state once per node (2 nodes: a look every 10 ms)."""
+FLOWER_PICKUP_S = 0.1
+"""Flower 1.41's wait in ``add_messages_to_queue``, never exceeded."""
+PICKUP_PARAMETERS = ["state", "queue", "nodes_mapping", "f_stop"]
 
 
 def worker_count(num_cpus: float, cores: int | None = None) -> int:
@@ -113,12 +126,52 @@ class InProcessBackend(Backend):
         """Nothing to stop: the workers are Flower's threads."""
 
 
+def pickup_wait(nodes: int) -> float:
+    """Seconds between the pick-up loop's looks: 5 ms a node (each look costs a link-state query a node), at most Flower's 0.1 s."""
+    return min(FLOWER_PICKUP_S, PICKUP_S_PER_NODE * max(1, nodes))
+
+
+def add_messages_to_queue(
+    state: Any, queue: Queue[Any], nodes_mapping: Mapping[int, int], f_stop: threading.Event
+) -> None:
+    """Flower 1.41's ``vce_api.add_messages_to_queue``, looking every :func:`pickup_wait` seconds instead of 0.1 s.
+
+    Each look takes at most one undelivered message per node from the link
+    state and queues it for the workers, as Flower's loop does; it stops when
+    ``f_stop`` is set.
+    """
+    wait = pickup_wait(len(nodes_mapping))
+    while not f_stop.is_set():
+        for node_id in nodes_mapping:
+            for message in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(message)
+        f_stop.wait(wait)
+
+
+def pick_up_sooner(vce_api: types.ModuleType) -> bool:
+    """Put :func:`add_messages_to_queue` in place of the engine's own, if the engine's has the signature it replaces.
+
+    ``run_api`` looks the loop up by name when it starts its threads, after the
+    ClientApp (and so :func:`install`) is loaded. A Flower whose loop takes
+    other arguments keeps its own, with a warning: slower, never wrong.
+    """
+    engine_loop = getattr(vce_api, "add_messages_to_queue", None)
+    if engine_loop is add_messages_to_queue:
+        return True
+    if engine_loop is None or list(inspect.signature(engine_loop).parameters) != PICKUP_PARAMETERS:
+        log(WARNING, "fedsketch: Flower's simulation engine changed; its message pick-up keeps its own 0.1 s wait")
+        return False
+    vce_api.add_messages_to_queue = add_messages_to_queue  # type: ignore[attr-defined]
+    return True
+
+
 def install(environ: Mapping[str, str] | None = None) -> bool:
     """Make Flower's simulation engine build an :class:`InProcessBackend` when the launcher asked for one.
 
     Returns whether it did. Flower's real Ray backend module, if imported
     already, gets the class swapped; otherwise a stand-in module answers the
-    engine's import, and Ray is never imported.
+    engine's import, and Ray is never imported. The engine's message pick-up
+    looks sooner (:func:`pick_up_sooner`).
     """
     if (os.environ if environ is None else environ).get(SIM_BACKEND_ENV) != "inprocess":
         return False
@@ -129,4 +182,7 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
         )
         sys.modules[RAY_MODULE] = module
     module.RayBackend = InProcessBackend  # type: ignore[attr-defined]
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    pick_up_sooner(vce_api)
     return True

@@ -22,8 +22,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 
-from clients import SIM_BACKEND_ENV
-from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, worker_count
+from clients import SIM_BACKEND_ENV, simulation_backend
+from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
 from experiments.inprocess import task_identity
 from experiments.launch import default_backend
@@ -117,6 +117,9 @@ def test_workers_run_messages_side_by_side_from_the_first() -> None:
 
 
 def test_install_answers_flowers_import_only_when_the_launcher_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # install() replaces it
     monkeypatch.delitem(sys.modules, RAY_MODULE, raising=False)
     assert not install({})
     assert not install({SIM_BACKEND_ENV: "ray"})
@@ -140,6 +143,70 @@ def test_start_vce_still_builds_its_backend_from_the_module_install_replaces() -
     assert f"{vce_api.__name__.rsplit('.', 1)[0]}.backend.raybackend" == RAY_MODULE
     # and the ClientApp is loaded (so install() has run) before the backend is built
     assert source.index("client_app = app_fn()") < source.index("run_api(")
+
+
+class _HeldMessages:
+    """The one link-state call the pick-up loop makes: undelivered messages for a node, at most ``limit``."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, list[str]] = {}
+        self.lock = threading.Lock()
+
+    def get_message_ins(self, node_id: int, limit: int | None) -> list[str]:
+        with self.lock:
+            held = self.waiting.get(node_id, [])
+            taken, self.waiting[node_id] = held[:limit], held[limit:]
+            return taken
+
+
+def test_the_pick_up_loop_takes_a_message_within_its_short_wait_and_stops_when_asked() -> None:
+    from queue import Queue
+
+    state, queue, stop = _HeldMessages(), Queue(), threading.Event()  # type: ignore[var-annotated]
+    loop = threading.Thread(target=simulation_backend.add_messages_to_queue, args=(state, queue, {1: 0, 2: 1}, stop))
+    loop.start()
+    try:
+        time.sleep(0.05)  # the loop is between looks
+        latencies = []
+        for node in (1, 2, 1, 2, 1):
+            with state.lock:
+                state.waiting[node] = [f"m{node}", f"n{node}"]
+            put = time.perf_counter()
+            assert queue.get(timeout=2) == f"m{node}"
+            latencies.append(time.perf_counter() - put)
+            assert queue.get(timeout=2) == f"n{node}"  # one a look, as Flower's loop takes them
+    finally:
+        stop.set()
+        loop.join(timeout=2)
+    assert not loop.is_alive()
+    assert pickup_wait(2) == 0.01 and pickup_wait(100) == 0.1
+    # Flower's own loop waits 0.1 s between looks (0.05 s on average); two nodes wait 0.01 s
+    assert sorted(latencies)[2] < 0.03, latencies
+
+
+def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    flowers = vce_api.add_messages_to_queue
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", flowers)  # restored after the test
+    monkeypatch.delitem(sys.modules, RAY_MODULE, raising=False)
+    assert flowers is not simulation_backend.add_messages_to_queue
+    assert list(inspect.signature(flowers).parameters) == simulation_backend.PICKUP_PARAMETERS
+    assert "f_stop.wait(0.1)" in inspect.getsource(flowers)  # the wait this replaces
+    assert not install({SIM_BACKEND_ENV: "ray"})
+    assert vce_api.add_messages_to_queue is flowers
+    assert install({SIM_BACKEND_ENV: "inprocess"})
+    assert vce_api.add_messages_to_queue is simulation_backend.add_messages_to_queue
+    # run_api starts its extractor thread from the module's name, after the ClientApp is loaded
+    assert "target=add_messages_to_queue" in inspect.getsource(vce_api.run_api)
+
+    def other_loop(state: object, queue: object) -> None: ...
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", other_loop)
+    assert not simulation_backend.pick_up_sooner(vce_api)  # a changed engine keeps its own loop
+    assert vce_api.add_messages_to_queue is other_loop
 
 
 def test_ray_is_the_default_only_where_a_ray_cluster_is_named() -> None:
