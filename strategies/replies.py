@@ -118,19 +118,22 @@ def _collect_content(
     content: RecordDict, node: int, asked: list[int], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
     out: RoundReplies, diagnostic_spec: PayloadSpec | None,
 ) -> None:  # fmt: skip
+    # Each of Flower's typed views builds a new dict of every record in the reply: taken once per
+    # reply, not once per client (a node's reply carries its whole cohort: 50 clients cost 0.03 s a round).
+    configs, array_records, metric_records = content.config_records, content.array_records, content.metric_records
     for cid in asked:
-        if wire.failure_key(cid) in content.config_records:
-            reason = str(content.config_records[wire.failure_key(cid)].get(wire.REASON, "unknown"))
+        if wire.failure_key(cid) in configs:
+            reason = str(configs[wire.failure_key(cid)].get(wire.REASON, "unknown"))
             out.fail(cid, "errors", reason)
             continue
-        arrays = content.array_records.get(wire.update_key(cid))
-        metrics = content.metric_records.get(wire.metrics_key(cid))
+        arrays = array_records.get(wire.update_key(cid))
+        metrics = metric_records.get(wire.metrics_key(cid))
         if arrays is None or metrics is None:
             out.fail(cid, "rejected", "reply has no update or metrics for this client")
             continue
         nbytes = wire_bytes(arrays) + wire_bytes(metrics)
         out.upload_bytes += nbytes
-        extra = content.array_records.get(wire.diagnostic_key(cid)) if diagnostic_spec is not None else None
+        extra = array_records.get(wire.diagnostic_key(cid)) if diagnostic_spec is not None else None
         out.diagnostic_bytes += wire_bytes(extra) if extra is not None else 0
         try:
             num_examples, loss = _validated_metrics(metrics, limits)
