@@ -3,7 +3,8 @@
 One JSON object per evaluated round, appended and flushed as the run goes, so
 an interrupted run keeps every round it finished. ``rounds.jsonl`` has one
 line per round on who answered, who failed (timeouts, client errors, rejected
-replies) and whether the round's update was applied. ``status.json`` marks a
+replies), whether the round's update was applied, and when the round ended
+(``unix_time``, before its evaluation). ``status.json`` marks a
 run that was stopped before its last round (interrupted, or skipped on
 request; see ``docs/stopping.md``); a finished run has none.
 
@@ -126,9 +127,9 @@ def metrics_row(
     return {**row, "wall_s": round(wall_s, 3), "unix_time": round(time.time(), 3)}
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every row of ``metrics.jsonl`` (empty when the run has none yet)."""
-    file = path / "metrics.jsonl"
+def read_metrics(path: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """Every row of ``metrics.jsonl`` (or another log, e.g. :data:`ROUNDS`; empty when the run has none yet)."""
+    file = path / name
     if not file.exists():
         return []
     with open(file, encoding="utf-8") as f:

@@ -251,7 +251,8 @@ class FedSketchStrategy(Strategy):
             self.books.add(key, amount)
 
     def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
-        """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied."""
+        """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
+        the round ended (before its evaluation, if it has one)."""
         if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
             download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
             download.mark_synced(self.books.ledger, [u.cid for u in got.updates], server_round)
@@ -259,7 +260,7 @@ class FedSketchStrategy(Strategy):
             return
         row = {"round": server_round, "sampled": self.plan.sampled(), "clients": contributors,
                "timeouts": got.timeouts, "client_errors": got.errors, "rejected": got.rejected,
-               "applied": skipped is None, "reason": skipped or ""}  # fmt: skip
+               "applied": skipped is None, "reason": skipped or "", "unix_time": round(time.time(), 3)}  # fmt: skip
         runlog.append_metrics(self.out_dir, row, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:

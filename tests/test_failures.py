@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +47,15 @@ def tamper(requests: list[Message], replies: list[Message]) -> list[Message]:
 def test_failures_are_counted_per_round_and_a_short_round_is_not_applied(tmp_path: Path) -> None:
     cfg = RunConfig.from_mapping(SETTINGS)
     strat = build_strategy(cfg, tmp_path)
+    started = time.time()
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    # each round's end, before its evaluation (a metrics row stamps the evaluation's end)
+    ends = [r["unix_time"] for r in rounds]
+    assert started <= ends[0] and ends == sorted(ends) and ends[-1] <= time.time()
+    assert all(end <= row["unix_time"] for end, row in zip(ends, rows, strict=True))
     counts = [(r["clients"], r["timeouts"], r["client_errors"], r["rejected"], r["skipped_rounds"]) for r in rows]
     assert counts == [(6, 0, 0, 0, 0), (3, 3, 0, 0, 0), (2, 0, 4, 0, 1), (5, 0, 0, 1, 0)]
     assert [r["applied"] for r in rounds] == [True, True, False, True]
