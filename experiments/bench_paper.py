@@ -74,7 +74,7 @@ def standin(n_train: int, n_test: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     low = torch.from_numpy(rng.standard_normal((CLASSES, SHAPE[0], 4, 4), dtype=np.float32))
     templates = F.interpolate(low, size=SHAPE[1:], mode="bilinear", align_corners=False).numpy()
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for split, n in (("train", n_train), ("test", n_test)):
         y = np.arange(n, dtype=np.int64) % CLASSES
         rng.shuffle(y)
