@@ -53,7 +53,7 @@ class ContextStates:
 
     def load(self, cid: int) -> State:
         """What client ``cid`` kept ({} the first time)."""
-        record = self.context.state.array_records.get(wire.state_key(cid))
+        record = messages.array_record(self.context.state, wire.state_key(cid))
         return {} if record is None else {k: torch.from_numpy(a) for k, a in messages.record_to_payload(record).items()}
 
     def save(self, cid: int, state: State) -> None:

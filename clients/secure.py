@@ -21,6 +21,7 @@ from flwr.common import Code, FitRes, Scalar, Status, ndarrays_to_parameters, pa
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
+from clients.messages import records_of
 from fedsketch import wire
 from fedsketch.aggregate import weighted_mean
 from fedsketch.cohort import ClientOutcome, run_cohort
@@ -33,14 +34,14 @@ FITINS_CONFIG, FITINS_PARAMETERS = "fitins.config", "fitins.parameters"
 
 def secure_aggregation_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Messages of the SecAgg+ protocol go through Flower's mod; all others straight to the app."""
-    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in records_of(msg.content).configs:
         return secaggplus_mod(msg, context, call_next)
     return call_next(msg, context)
 
 
 def is_secure(msg: Message) -> bool:
     """Whether a train message is SecAgg+'s masking stage (the legacy FitIns layout)."""
-    return FITINS_CONFIG in msg.content.config_records
+    return FITINS_CONFIG in records_of(msg.content).configs
 
 
 def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
@@ -52,8 +53,8 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
         If none of the node's clients produced an update (the node then drops
         out of the round, which SecAgg+ tolerates down to its threshold).
     """
-    config = msg.content.config_records[FITINS_CONFIG]
-    record = msg.content.array_records[FITINS_PARAMETERS]
+    found = records_of(msg.content)
+    config, record = found.configs[FITINS_CONFIG], found.arrays[FITINS_PARAMETERS]
     weights = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))[0]
     cids = [int(c) for c in config.get(wire.CIDS, [])] or [int(context.node_config["partition-id"])]  # type: ignore[union-attr]
     round_config = received_round_config(cfg, config)

@@ -94,6 +94,11 @@ FAULTS: tuple[Fault, ...] = (
     _fault("pickup-waits-as-long-as-flowers", "clients/simulation_backend.py",
            "PICKUP_S_PER_NODE = 0.005", "PICKUP_S_PER_NODE = 0.05", "tests/test_simulation_backend.py",
            "the in-process engine picks up a round's messages only every 0.1 s, as Flower's own loop does"),
+    _fault("replies-read-through-flowers-views", "strategies/replies.py",
+           "configs, array_records, metric_records = found.configs, found.arrays, found.metrics",
+           "configs, array_records, metric_records = content.config_records, content.array_records, "
+           "content.metric_records", "tests/test_records.py",
+           "the server reads replies through Flower's typed views, whose reference cycles keep a round's replies alive"),
     _fault("wire-chunks-not-deduplicated", "clients/messages.py",
            "for i in range(0, len(data), MAX_CHUNK)], len, operator.eq)",
            "for i in range(0, len(data), MAX_CHUNK)], len, lambda a, b: False)", "tests/test_wire_bytes.py",
