@@ -22,7 +22,9 @@ The two sides run alternately, ``--runs`` times each, in fresh processes:
 For each it prints the median over runs of the seconds a round (median of
 rounds 2..30), the whole command, the time from the command's start to the end
 of round 1, and the peak PSS of the command's whole process tree
-(:mod:`experiments.proctree`), and each run's ratio to the pfl run beside it.
+(:mod:`experiments.proctree`), and each run's ratio to the pfl run beside it
+(their median, range and every one), and FetchSGD's to FedAvg's in the same
+runs: what the sketch costs.
 ``--breakdown`` adds, for the last run of each side, the PSS of each kind of
 process at the tree's peak and when it first appeared.
 
@@ -143,6 +145,9 @@ def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accura
             "peak_mb": tree.peak_mb, "accuracy": accuracy, "tree": tree}  # fmt: skip
 
 
+RATIO_KEYS = ("round_s", "total_s", "peak_mb")
+
+
 def print_table(results: dict[str, list[dict[str, object]]]) -> None:
     """Medians over runs, and each run's ratio to the pfl run of the same round of the alternation."""
     print("| | seconds a round (median) | whole command | round 1 done after | peak PSS, whole tree | final accuracy |")
@@ -153,17 +158,27 @@ def print_table(results: dict[str, list[dict[str, object]]]) -> None:
         accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})  # type: ignore[arg-type]
         print(f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
               f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |")  # fmt: skip
-    print("\nSame-run ratios to pfl (each run against the pfl run beside it), min-max:")
+    print("\nSame-run ratios to pfl (each run against the pfl run beside it): median (min-max), then run by run:")
     print("| | seconds a round | whole command | peak PSS |")
     print("| --- | ---: | ---: | ---: |")
     for name, runs in results.items():
-        if name == "pfl":
-            continue
-        cells = []
-        for k in ("round_s", "total_s", "peak_mb"):
-            ratios = [float(r[k]) / float(p[k]) for r, p in zip(runs, results["pfl"], strict=True)]  # type: ignore[arg-type]
-            cells.append(f"{min(ratios):.2f}-{max(ratios):.2f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        if name != "pfl":
+            print(f"| {name} | " + " | ".join(_ratios(runs, results["pfl"], k) for k in RATIO_KEYS) + " |")
+    fedavg = next((name for name in results if name.startswith("fedsketch FedAvg")), None)
+    fetchsgd = next((name for name in results if name.startswith("fedsketch FetchSGD")), None)
+    if fedavg and fetchsgd:
+        print(f"\nWhat the sketch costs: {fetchsgd} against {fedavg}, same runs:")
+        print("| | seconds a round | whole command | peak PSS |")
+        print("| --- | ---: | ---: | ---: |")
+        print("| FetchSGD / FedAvg | " + " | ".join(_ratios(results[fetchsgd], results[fedavg], k) for k in RATIO_KEYS)
+              + " |")  # fmt: skip
+
+
+def _ratios(runs: list[dict[str, object]], against: list[dict[str, object]], key: str) -> str:
+    """``median (min-max): r1, r2, ...`` of each run's ``key`` over the run of ``against`` beside it."""
+    ratios = [float(r[key]) / float(a[key]) for r, a in zip(runs, against, strict=True)]  # type: ignore[arg-type]
+    each = ", ".join(f"{x:.2f}" for x in ratios)
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}): {each}"
 
 
 def print_breakdown(results: dict[str, list[dict[str, object]]]) -> None:
