@@ -23,13 +23,13 @@ from fedsketch.client_state import DiskStates, State, committed, pending_round
 
 pytestmark = pytest.mark.slow
 
-CLIENTS, ROUNDS = 6, 4
+CLIENTS, ROUNDS = 6, 10  # rounds of about 20 ms here: enough of them for the watcher to see several
 
 
 def _watch(folder: Path, seen: dict[int, list[State]], stop: threading.Event) -> None:
     """Every new version of each client's state file (written by rename: always whole)."""
     versions: dict[int, int] = {}
-    while not stop.wait(0.05):
+    while not stop.wait(0.005):  # a round takes about 20 ms once the simulation runs
         try:
             files = list(folder.rglob("*.npz")) if folder.is_dir() else []  # one folder per Flower run
         except OSError:  # a run's folder removed while walked (its clean-up at the end): look again
