@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import kept_model, messages, simulation_backend
@@ -53,7 +53,7 @@ class ContextStates:
 
     def load(self, cid: int) -> State:
         """What client ``cid`` kept ({} the first time)."""
-        record = messages.array_record(self.context.state, wire.state_key(cid))
+        record = messages.typed_record(self.context.state, wire.state_key(cid), ArrayRecord)
         return {} if record is None else {k: torch.from_numpy(a) for k, a in messages.record_to_payload(record).items()}
 
     def save(self, cid: int, state: State) -> None:

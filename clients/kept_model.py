@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
-from clients.messages import Request, array_record
+from clients.messages import Request, typed_record
 from fedsketch.download import apply_catch_up
 
 KEPT = "kept-model"
@@ -34,7 +34,7 @@ def weights_for(request: Request, context: Context) -> np.ndarray:
         if request.weights is None:
             raise ValueError("request carries neither the model nor a catch-up")
         return request.weights
-    record = array_record(context.state, KEPT)
+    record = typed_record(context.state, KEPT, ArrayRecord)
     if record is None:
         raise ValueError("no kept model to catch up from (the device lost its state); the whole model comes next")
     kept_round = int(record["round"].numpy()[0])

@@ -22,7 +22,7 @@ import operator
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -166,6 +166,9 @@ class Request:
     base_round: int = 0
 
 
+R = TypeVar("R", ArrayRecord, MetricRecord, ConfigRecord)
+
+
 @dataclass(frozen=True)
 class Records:
     """A :class:`RecordDict`'s records by kind, in plain dicts.
@@ -198,10 +201,11 @@ def records_of(content: RecordDict) -> Records:
     return found
 
 
-def array_record(content: RecordDict, key: str) -> ArrayRecord | None:
-    """The array record ``content`` holds under ``key`` (``None`` if none): one lookup, no view (:class:`Records`)."""
+def typed_record(content: RecordDict, key: str, kind: type[R]) -> R | None:
+    """The record of type ``kind`` that ``content`` holds under ``key`` (``None`` if none): one lookup, no view
+    (:class:`Records`)."""
     record = content.get(key)
-    return record if isinstance(record, ArrayRecord) else None
+    return record if isinstance(record, kind) else None
 
 
 def read_request(content: RecordDict) -> Request:

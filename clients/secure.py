@@ -14,14 +14,14 @@ estimate for FetchSGD) before summing them.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Context, Message, MessageType
+from flwr.app import ConfigRecord, Context, Message, MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Scalar, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from clients.messages import records_of
+from clients.messages import records_of, typed_record
 from fedsketch import wire
 from fedsketch.aggregate import weighted_mean
 from fedsketch.cohort import ClientOutcome, run_cohort
@@ -34,14 +34,15 @@ FITINS_CONFIG, FITINS_PARAMETERS = "fitins.config", "fitins.parameters"
 
 def secure_aggregation_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Messages of the SecAgg+ protocol go through Flower's mod; all others straight to the app."""
-    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in records_of(msg.content).configs:
+    secagg = typed_record(msg.content, RECORD_KEY_CONFIGS, ConfigRecord)  # every message passes here: one lookup
+    if msg.metadata.message_type == MessageType.TRAIN and secagg is not None:
         return secaggplus_mod(msg, context, call_next)
     return call_next(msg, context)
 
 
 def is_secure(msg: Message) -> bool:
     """Whether a train message is SecAgg+'s masking stage (the legacy FitIns layout)."""
-    return FITINS_CONFIG in records_of(msg.content).configs
+    return typed_record(msg.content, FITINS_CONFIG, ConfigRecord) is not None
 
 
 def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:

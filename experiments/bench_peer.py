@@ -55,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.bench_sim import round_times
 from experiments.launch import BACKENDS
 from experiments.proctree import TreeSampler, tag_env
 from fedsketch import runlog
@@ -140,9 +141,7 @@ def run_fedsketch(
 
 
 def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accuracy: float) -> dict[str, object]:
-    gaps = [b - a for a, b in itertools.pairwise(ends)]
-    return {"round_s": statistics.median(gaps), "total_s": wall, "first_round_s": ends[0] - start,
-            "peak_mb": tree.peak_mb, "accuracy": accuracy, "tree": tree}  # fmt: skip
+    return {**round_times(ends, start), "total_s": wall, "peak_mb": tree.peak_mb, "accuracy": accuracy, "tree": tree}
 
 
 RATIO_KEYS = ("round_s", "total_s", "peak_mb")

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
-from clients.messages import records_of, wire_bytes
+from clients.messages import Records, records_of, wire_bytes
 from fedsketch import wire
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
@@ -91,14 +91,15 @@ def collect(
             for cid in asked or [None]:  # type: ignore[list-item]
                 out.fail(cid, "errors", reason)
             continue
+        found = records_of(msg.content)  # once per reply: a node's reply carries its whole cohort
         if not asked:  # one-client-per-node mode: the node names its own client
-            asked = _cids_in(msg.content)
+            asked = _cids_in(found)
             bad = len(asked) != 1 or (limits.num_clients is not None and not 0 <= asked[0] < limits.num_clients)
             if bad or asked[0] in {u.cid for u in out.updates}:
                 out.fail(None, "rejected", f"node {node} named clients {asked[:5]}; expected one new valid id")
                 log(WARNING, "node %d rejected: named clients %s", node, asked[:5])
                 continue
-        _collect_content(msg.content, node, asked, spec, limits, out, diagnostic)
+        _collect_content(found, node, asked, spec, limits, out, diagnostic)
     for node, cids in sent.items():
         if node not in answered:
             for cid in cids or [None]:  # type: ignore[list-item]
@@ -109,17 +110,15 @@ def collect(
     return out
 
 
-def _cids_in(content: RecordDict) -> list[int]:
-    found = records_of(content)
+def _cids_in(found: Records) -> list[int]:
     keys = [*found.arrays, *found.metrics, *found.configs]
     return sorted({parsed[1] for parsed in map(wire.parse_cid, keys) if parsed is not None})
 
 
 def _collect_content(
-    content: RecordDict, node: int, asked: list[int], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
+    found: Records, node: int, asked: list[int], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
     out: RoundReplies, diagnostic_spec: PayloadSpec | None,
 ) -> None:  # fmt: skip
-    found = records_of(content)  # once per reply: a node's reply carries its whole cohort
     configs, array_records, metric_records = found.configs, found.arrays, found.metrics
     for cid in asked:
         if wire.failure_key(cid) in configs:

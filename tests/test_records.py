@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clients.messages import array_record, model_record, payload_to_record, records_of
+from clients.messages import model_record, payload_to_record, records_of, typed_record
 from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
@@ -52,8 +52,9 @@ def test_records_of_holds_what_flowers_views_hold() -> None:
     assert found.metrics == dict(content.metric_records)
     assert found.configs == dict(content.config_records)
     assert list(found.arrays) == ["a", "b"]
-    assert array_record(content, "a") is content["a"]
-    assert array_record(content, "m") is None and array_record(content, "missing") is None
+    assert typed_record(content, "a", ArrayRecord) is content["a"]
+    assert typed_record(content, "c", ConfigRecord) is content["c"]
+    assert typed_record(content, "m", ArrayRecord) is None and typed_record(content, "missing", ArrayRecord) is None
 
 
 def test_reading_a_message_leaves_it_to_plain_reference_counting(no_cyclic_collector: None) -> None:
