@@ -17,6 +17,7 @@ sizes, without the SHA-256 that naming them costs (docs/simulation.md).
 from __future__ import annotations
 
 import copy
+import io
 import json
 import operator
 import zlib
@@ -92,7 +93,29 @@ def _array_bytes(array: Array) -> int:
 
 def payload_to_record(payload: Mapping[str, np.ndarray]) -> ArrayRecord:
     """A payload of plain numpy arrays as an ArrayRecord (exact round trip)."""
-    return ArrayRecord({name: Array(np.ascontiguousarray(arr)) for name, arr in payload.items()})
+    return ArrayRecord({name: npy_array(arr) for name, arr in payload.items()})
+
+
+def npy_array(arr: np.ndarray) -> Array:
+    """``Array(arr)``, the same bytes (``np.save``'s), with the array's data copied once.
+
+    Flower's ``Array.from_numpy_ndarray`` saves into a growing ``BytesIO`` and
+    takes its value: two or three copies of the data, each in fresh memory
+    when the array is a client's new update (docs/simulation.md). Here the
+    header is written on its own and joined to the data in one copy. An array
+    whose header does not fit format 1.0 (or with Python objects) goes
+    through Flower's own path.
+    """
+    arr = np.ascontiguousarray(arr)
+    header = io.BytesIO()
+    try:
+        if arr.dtype.hasobject:
+            raise ValueError("object arrays are np.save's to refuse")
+        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(arr))
+    except ValueError:
+        return Array(arr)
+    data = b"".join((header.getvalue(), arr.reshape(-1).view(np.uint8).data))
+    return Array(str(arr.dtype), tuple(arr.shape), "numpy.ndarray", data)
 
 
 def copy_content(content: RecordDict) -> RecordDict:
@@ -120,7 +143,7 @@ def record_to_payload(record: ArrayRecord) -> Payload:
 
 def model_record(weights: np.ndarray) -> ArrayRecord:
     """The global model as sent to clients."""
-    return ArrayRecord({wire.WEIGHTS: Array(np.ascontiguousarray(weights, dtype=np.float32))})
+    return ArrayRecord({wire.WEIGHTS: npy_array(np.ascontiguousarray(weights, dtype=np.float32))})
 
 
 def model_crc(weights: np.ndarray) -> int:

@@ -75,7 +75,8 @@ def local_update(
     for _ in range(spec.steps):
         losses.append(_gradient_step(model, x, y, spec, gen))
         _sgd_step(model, spec.lr, spec.weight_decay)
-    return LocalResult(weights - get_flat(model), len(x), sum(losses) / len(losses))
+    end = get_flat(model)  # a new tensor: the update is written into it, sparing a client's worth of fresh memory
+    return LocalResult(torch.sub(weights, end, out=end), len(x), sum(losses) / len(losses))
 
 
 @torch.no_grad()

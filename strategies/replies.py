@@ -144,6 +144,22 @@ def _collect_content(
         out.updates.append(ClientUpdate(cid, payload, num_examples, loss, nbytes, node, decoded, diagnostic))
 
 
+def check_values(name: str, arr: np.ndarray, max_abs: float) -> None:
+    """Reject a float array holding NaN, Inf or a value beyond ``+-max_abs``.
+
+    Its minimum and maximum say it all without a temporary array: either is
+    NaN when any value is, infinite when any value is and none is NaN, and
+    ``max(|min|, |max|)`` is the largest magnitude otherwise.
+    """
+    if arr.dtype.kind != "f" or not arr.size:
+        return
+    largest = max(abs(float(arr.min())), abs(float(arr.max())))
+    if not math.isfinite(largest):
+        raise ValueError(f"array '{name}' has NaN or Inf")
+    if largest > max_abs:
+        raise ValueError(f"array '{name}' has a value beyond +-{max_abs:g}")
+
+
 def _validated_diagnostic(
     record: ArrayRecord | None, spec: PayloadSpec | None, limits: ReplyLimits
 ) -> dict[str, np.ndarray] | None:
@@ -165,10 +181,7 @@ def _validated_payload(
 ) -> tuple[dict[str, np.ndarray], object]:
     payload = checked_payload(arrays, limits.max_bytes, limits.max_arrays)
     for name, arr in payload.items():
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise ValueError(f"array '{name}' has NaN or Inf")
-        if arr.dtype.kind == "f" and arr.size and float(np.abs(arr).max()) > limits.max_abs:
-            raise ValueError(f"array '{name}' has a value beyond +-{limits.max_abs:g}")
+        check_values(name, arr, limits.max_abs)
     if callable(spec):
         try:
             return payload, decode_all(spec, payload)
