@@ -107,12 +107,12 @@ def npy_array(arr: np.ndarray) -> Array:
     through Flower's own path.
     """
     arr = np.ascontiguousarray(arr)
+    if arr.dtype.hasobject:  # np.save's to refuse
+        return Array(arr)
     header = io.BytesIO()
     try:
-        if arr.dtype.hasobject:
-            raise ValueError("object arrays are np.save's to refuse")
         np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(arr))
-    except ValueError:
+    except ValueError:  # the header needs format 2.0
         return Array(arr)
     data = b"".join((header.getvalue(), arr.reshape(-1).view(np.uint8).data))
     return Array(str(arr.dtype), tuple(arr.shape), "numpy.ndarray", data)
