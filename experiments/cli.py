@@ -87,14 +87,11 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
-    from experiments import plan, runner
-    from experiments.preflight import check_runs
+    from experiments import api, plan, runner
 
-    overrides = runner.parse_overrides(args.overrides)
-    overrides["out-dir"] = str(args.out.resolve())
     strategies = args.strategies.split(",") if args.strategies else None
-    experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
-    check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
+    overrides = runner.parse_overrides(args.overrides)
+    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
     federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
     validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
     if args.as_program:
@@ -157,15 +154,16 @@ def _conclude(results: Sequence[tuple[RunSpec, str]], invocation: Invocation, ex
 
 def _print_outcomes(results: Sequence[tuple[RunSpec, str]]) -> None:
     """One line per run; a failed run also gets the error its ``flower.log`` ends with."""
-    from experiments.results import failure_reason
+    from experiments.results import failed_replies, failure_reason
     from experiments.runner import describe
     from fedsketch import runlog
 
     for cfg, outcome in results:
         print(f"{describe(cfg):>24}: {outcome}  ({runlog.run_dir(cfg)})")
         reason = failure_reason(runlog.run_dir(cfg)) if outcome.startswith("failed") else ""
-        if reason:
-            print(f"{'':>24}  {reason[:500]}")
+        for line in (reason, failed_replies(runlog.run_dir(cfg))):
+            if line:
+                print(f"{'':>24}  {line[:500]}")
 
 
 def _plot_and_report(exp_dir: Path) -> None:
@@ -234,8 +232,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
-    from experiments import deploy, runner, stopping
-    from experiments.preflight import check_runs
+    from experiments import api, deploy, runner, stopping
     from experiments.progress import RunWatcher, make_progress
     from experiments.recipe import write_kit
     from fedsketch import runlog
@@ -250,10 +247,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     settings = deploy.node_settings(args.supernodes)
-    overrides = {**settings, **runner.parse_overrides(args.overrides), "out-dir": str(args.out.resolve())}
+    overrides = {**settings, **runner.parse_overrides(args.overrides)}
     strategies = args.strategies.split(",") if args.strategies else None
-    experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
-    check_runs(experiment.runs)
+    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
     print("deployment settings: " + " ".join(f"{k}={overrides[k]}" for k in settings) + " (change with --set)")
     exp_dir = runlog.experiment_dir(experiment.runs[0])
     with stopping.Invocation("deploy") as invocation:

@@ -1,50 +1,175 @@
-"""Checks that need the model, run before any Flower process starts.
+"""Checks of the data and the model, run before any Flower process starts.
 
-Settings that do not fit the model (``k`` above the number of parameters,
-client state above ``max-client-state-mb``) would otherwise surface only inside
-the ServerApp, after Flower has started, as a traceback in ``flower.log``.
-Here the model is built from the dataset's known input shape, without loading
-any data, so the check is cheap even for datasets that take minutes to load.
+Settings that do not fit the data or the model would otherwise surface only
+inside the ServerApp or a ClientApp, after Flower has started, as a traceback
+in ``flower.log`` (or, for a NaN feature, as clients rejected round after round).
+Here, for each distinct data set and model of an experiment, in this process:
+
+- the data is loaded and partitioned as every Flower process will (features
+  finite, labels integers in ``[0, num-classes)``, a partition that gives every
+  client a sample: :func:`fedsketch.data.from_arrays`);
+- the model is built twice from the run seed and compared (a builder must be
+  deterministic in its seed: every process builds its own copy);
+- one forward pass on two training samples, on the CPU, must give one output
+  per class;
+- the settings that depend on the model's size ``d`` are checked.
+
+A user's model or loader (``package.module:function``) is imported here first,
+and the folder it came from is exported on ``PYTHONPATH`` for Flower's processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
+import torch
+from torch import nn
+
+from fedsketch import entry
 from fedsketch.config import RunConfig, check_against_model
+from fedsketch.data import FederatedData, load_federated
 from fedsketch.data.registry import DATASETS
 from fedsketch.models import build_model
+from fedsketch.setting import ConfigError
+from fedsketch.task import data_spec
 
-SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
-    name: (info.input_shape, info.num_classes)
-    for name, info in DATASETS.items()
-    if info.input_shape is not None and info.num_classes is not None
-}
-"""Input shape and number of classes of each dataset whose shape is fixed (``npz`` is the user's)."""
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def model_size(cfg: RunConfig) -> int | None:
-    """The number of parameters of the run's model; ``None`` if the data must be read to know it."""
-    if cfg.dataset not in SHAPES:
-        return None
-    shape, classes = SHAPES[cfg.dataset]
-    model = build_model(cfg.model, shape, classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden)
-    return sum(p.numel() for p in model.parameters())
+@dataclass(frozen=True)
+class Checked:
+    """What the checks learned of one run's data and model."""
+
+    data: str  # the data set's name, as errors name it
+    num_clients: int
+    train: int  # training samples
+    input_shape: tuple[int, ...]
+    num_classes: int
+    inferred: bool  # num_classes read off the labels rather than set
+    d: int  # the model's parameters
+
+    def describe(self) -> str:
+        classes = f"{self.num_classes} classes" + (" (inferred: largest label + 1)" if self.inferred else "")
+        return (
+            f"data {self.data}: {self.train:,} training samples of shape {self.input_shape} over "
+            f"{self.num_clients:,} clients, {classes}; model d = {self.d:,}"
+        )
 
 
-def check_runs(runs: Iterable[RunConfig]) -> None:
-    """Every run's model-dependent checks (one model build per distinct model).
+def check_runs(runs: Iterable[RunConfig]) -> list[Checked]:
+    """Every run's data and model checks (once per distinct data set and model); what each distinct pair is.
 
     Raises
     ------
     ConfigError
-        The first run whose settings do not fit its model, naming the setting.
+        One line naming the first problem: the setting, or the array, file and first offending index.
     """
-    sizes: dict[tuple[str, str, int, str], int | None] = {}
+    runs = list(runs)
+    sizes: dict[tuple[object, ...], int] = {}
+    for cfg in filter(_fixed_shape, runs):  # what the model's size alone refuses, before any data is loaded
+        shape_key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
+        sizes[shape_key] = sizes[shape_key] if shape_key in sizes else model_size(cfg)
+        check_against_model(cfg, sizes[shape_key])
+    found: dict[tuple[object, ...], Checked] = {}
     for cfg in runs:
-        key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
-        if key not in sizes:
-            sizes[key] = model_size(cfg)
-        d = sizes[key]
-        if d is not None:
-            check_against_model(cfg, d)
+        key = (data_spec(cfg), cfg.model, cfg.model_hidden, cfg.model_norm, cfg.seed)
+        if key not in found:
+            found[key] = check_one(cfg)
+        check_against_model(cfg, found[key].d)
+    return list(found.values())
+
+
+def check_one(cfg: RunConfig) -> Checked:
+    """The data and model checks of one run config (see the module's docstring)."""
+    for name in ("model", "dataset"):
+        value = getattr(cfg, name)
+        if entry.is_reference(value):
+            _refused(entry.export_code_root, name, value)
+    data = _refused(load_federated, "data", data_spec(cfg))
+    model = _build(cfg, data)
+    _deterministic(cfg, data, model)
+    _forward(cfg, data, model)
+    fixed = DATASETS[cfg.dataset].num_classes if cfg.dataset in DATASETS else None
+    return Checked(
+        data=data.name,
+        num_clients=data.num_clients,
+        train=int(data.train_y.shape[0]),
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        inferred=cfg.num_classes == 0 and fixed is None,
+        d=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def model_size(cfg: RunConfig) -> int:
+    """The number of parameters of the run's model: built from the data set's fixed shape where it has one,
+    else after loading the data (once per process) and checking it as :func:`check_one` does."""
+    info = DATASETS[cfg.dataset] if _fixed_shape(cfg) else None
+    if info is None or info.input_shape is None or info.num_classes is None:
+        return check_one(cfg).d
+    model = build_model(
+        cfg.model, info.input_shape, info.num_classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden
+    )
+    return sum(p.numel() for p in model.parameters())
+
+
+def _fixed_shape(cfg: RunConfig) -> bool:
+    """Whether the run's model size follows from its settings alone (a built-in model on a data set of fixed shape)."""
+    info = DATASETS.get(cfg.dataset)
+    fixed = info is not None and info.input_shape is not None and info.num_classes is not None
+    return fixed and not entry.is_reference(cfg.model)
+
+
+def _refused(fn: Callable[P, R], what: str, *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn``'s value; its ValueError or TypeError as a one-line ConfigError prefixed with ``what``."""
+    try:
+        return fn(*args, **kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(("setting ", what)) else f"{what}: {message}") from None
+
+
+def _build(cfg: RunConfig, data: FederatedData) -> nn.Module:
+    return _refused(
+        build_model,
+        "setting 'model'",
+        cfg.model,
+        data.input_shape,
+        data.num_classes,
+        seed=cfg.seed,
+        norm=cfg.model_norm,
+        hidden=cfg.model_hidden,
+    )
+
+
+def _deterministic(cfg: RunConfig, data: FederatedData, model: nn.Module) -> None:
+    again = dict(_build(cfg, data).named_parameters())
+    for name, param in model.named_parameters():
+        if name not in again or not torch.equal(param, again[name]):
+            raise ConfigError(
+                f"setting 'model': {cfg.model} is not deterministic in its seed: parameter {name!r} differs "
+                f"between two builds with seed {cfg.seed} (every Flower process builds its own copy)"
+            )
+
+
+def _forward(cfg: RunConfig, data: FederatedData, model: nn.Module) -> None:
+    batch = data.train_x[:2]
+    try:
+        with torch.no_grad():
+            out = model.eval()(batch)
+    except Exception as exc:  # noqa: BLE001  # whatever the user's model raises, as one line
+        raise ConfigError(
+            f"setting 'model': {cfg.model} failed on a batch of shape {tuple(batch.shape)} from {data.name}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch.shape[0], data.num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(
+            f"setting 'model': {cfg.model} gives {shape} for {batch.shape[0]} samples; "
+            f"expected ({batch.shape[0]}, {data.num_classes}): one output per class of {data.name}"
+        )

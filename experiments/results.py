@@ -170,6 +170,19 @@ def format_bytes(n: float, digits: int = 3) -> str:
 _ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b: (.+)$")
 
 
+def failed_replies(run_dir: Path) -> str:
+    """How many clients of a run failed to contribute, by kind, and the first reason: one line, or ""."""
+    rows = runlog.read_metrics(run_dir, runlog.ROUNDS)
+    counts = {kind: sum(int(row.get(kind, 0)) for row in rows) for kind in ("rejected", "client_errors", "timeouts")}
+    if not any(counts.values()):
+        return ""
+    first = next(((row["round"], row["first_failure"]) for row in rows if row.get("first_failure")), None)
+    kinds = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items() if n)
+    return f"{sum(counts.values())} client replies failed ({kinds})" + (
+        f"; first, in round {first[0]}: {first[1]}" if first else ""
+    )
+
+
 def failure_reason(run_dir: Path) -> str:
     """The last exception a failed run's ``flower.log`` records (``""`` if none)."""
     log = run_dir / "flower.log"

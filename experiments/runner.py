@@ -204,8 +204,13 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
             if isinstance(stop, stopping.Interrupted):
                 return results + [(later, "not started") for later in runs[i + 1 :]]
             continue
-        results.append((cfg, "finished" if is_finished(cfg) else f"failed (exit code {code})"))
+        results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
     return results
+
+
+def _failed(code: int) -> str:
+    """A run that did not reach its last round: Flower's exit code where it gave one, else that it stopped short."""
+    return f"failed (exit code {code})" if code else "failed: stopped before its last round (Flower exited 0)"
 
 
 def _toml_value(value: Any) -> str:

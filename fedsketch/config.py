@@ -63,6 +63,7 @@ class RunConfig:
     synthetic_alpha: float = _s("synthetic-alpha")
     synthetic_beta: float = _s("synthetic-beta")
     synthetic_devices: int = _s("synthetic-devices")
+    num_classes: int = _s("num-classes")
     # --- model
     model: str = _s("model")
     model_hidden: int = _s("model-hidden")

@@ -45,6 +45,13 @@ FetchSGD's own ResNet-9 can likewise be built without batch norm (its
 Parameters are initialised inside a forked RNG seeded with ``seed``, so the same
 ``(name, input_shape, num_classes, seed, norm, hidden)`` gives bit-identical
 parameters in every process, without touching the global RNG.
+
+Your own model: ``name`` may be a reference ``package.module:function``
+(:mod:`fedsketch.entry`) to a builder called as ``function(input_shape,
+num_classes, seed)`` that returns a ``torch.nn.Module`` of float32 parameters;
+it runs inside the same seeded, forked RNG, so a builder that draws from
+torch's global RNG is deterministic in ``seed`` too (docs/data.md, "Your own
+model and data").
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedsketch import entry
 from fedsketch.data import text
 
 MODELS = ("mlp", "cnn", "resnet9", "resnet18", "bag")
@@ -99,8 +107,10 @@ def build_model(
     ValueError
         If a name, norm or shape is unknown or does not fit the model.
     """
+    if entry.is_reference(name):
+        return _user_model(name, tuple(int(s) for s in input_shape), num_classes, seed)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or 'package.module:function'")
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
     shape = tuple(int(s) for s in input_shape)
@@ -123,6 +133,25 @@ def build_model(
         if name == "resnet9":
             return ResNet9(shape[0], num_classes, _norm_factory(norm))
         return _resnet18(shape[0], num_classes, norm)
+
+
+def _user_model(reference: str, shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """The module a user's builder returns, built in a forked RNG seeded with ``seed``; checked for its type."""
+    builder = entry.load("model", reference)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = builder(shape, num_classes, seed)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"setting 'model': {reference} returned a {type(model).__name__}, not a torch.nn.Module")
+    params = list(model.parameters())
+    if not params:
+        raise ValueError(f"setting 'model': the module {reference} returned has no parameters to train")
+    odd = next(((n, p.dtype) for n, p in model.named_parameters() if p.dtype != torch.float32), None)
+    if odd is not None:
+        raise ValueError(
+            f"setting 'model': parameter {odd[0]!r} of {reference} is {odd[1]}; parameters must be float32"
+        )
+    return model
 
 
 class Bag(nn.Module):

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedsketch import entry
 from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.data.spec import PARTITIONS
@@ -39,7 +40,7 @@ POSITIVE = (
 )  # fmt: skip
 NON_NEGATIVE = (
     "seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size", "download_k",
-    "client_batching", "clip_norm", "dp_noise_multiplier", "checkpoint_every",
+    "client_batching", "clip_norm", "dp_noise_multiplier", "checkpoint_every", "num_classes",
 )  # fmt: skip
 
 
@@ -65,11 +66,21 @@ def _key(name: str) -> str:
     return name.replace("_", "-")
 
 
+REFERABLE = ("model", "dataset")
+"""The settings that may name the user's own code instead of a built-in (:mod:`fedsketch.entry`)."""
+
+
 def _choices(cfg: RunConfig) -> None:
     for name, allowed in CHOICES.items():
         value = getattr(cfg, name)
+        if name in REFERABLE and entry.is_reference(value):
+            reason = entry.check_syntax(name, value)
+            if reason:
+                raise ConfigError(reason)
+            continue
         if value not in allowed:
-            raise ConfigError(f"setting '{_key(name)}' must be one of {', '.join(allowed)}; got {value!r}")
+            more = " or 'package.module:function'" if name in REFERABLE else ""
+            raise ConfigError(f"setting '{_key(name)}' must be one of {', '.join(allowed)}{more}; got {value!r}")
 
 
 def _ranges(cfg: RunConfig) -> None:
@@ -97,7 +108,11 @@ def _ranges(cfg: RunConfig) -> None:
 
 
 def _model_fits_data(cfg: RunConfig) -> None:
-    """A dataset that names its model (word ids: ``synthetic_text`` and ``bag``) goes with that model only."""
+    """A dataset that names its model (word ids: ``synthetic_text`` and ``bag``) goes with that model only;
+    a dataset of fixed classes takes no other ``num-classes``."""
+    fixed = registry.DATASETS[cfg.dataset].num_classes if cfg.dataset in registry.DATASETS else None
+    if cfg.num_classes and fixed is not None and cfg.num_classes != fixed:
+        raise ConfigError(f"setting 'num-classes' is {cfg.num_classes} but dataset {cfg.dataset!r} has {fixed} classes")
     for dataset, info in registry.DATASETS.items():
         if info.model and (cfg.dataset == dataset) != (cfg.model == info.model):
             raise ConfigError(

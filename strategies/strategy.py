@@ -261,6 +261,9 @@ class FedSketchStrategy(Strategy):
         row = {"round": server_round, "sampled": self.plan.sampled(), "clients": contributors,
                "timeouts": got.timeouts, "client_errors": got.errors, "rejected": got.rejected,
                "applied": skipped is None, "reason": skipped or "", "unix_time": round(time.time(), 3)}  # fmt: skip
+        if got.failures:  # the first reason, so the command can say why without reading flower.log
+            cid, why = next(iter(got.failures.items()))
+            row["first_failure"] = f"client {cid}: {why}"
         runlog.append_metrics(self.out_dir, row, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:

@@ -11,6 +11,7 @@ import pytest
 from flwr.app import Array, ConfigRecord, Error, Message
 
 from experiments.inprocess import InProcessGrid, task_identity
+from experiments.results import failed_replies
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData
@@ -64,6 +65,13 @@ def test_failures_are_counted_per_round_and_a_short_round_is_not_applied(tmp_pat
     # round 3 changed nothing: the model evaluates exactly as after round 2
     assert (rows[2]["test_loss"], rows[2]["test_accuracy"]) == (rows[1]["test_loss"], rows[1]["test_accuracy"])
     assert rows[3]["test_loss"] != rows[2]["test_loss"]
+    # the first reason of each round with failures, and the command's one-line summary of the run
+    assert "first_failure" not in rounds[0]
+    assert "CUDA out of memory" in rounds[2]["first_failure"] or "MemoryError" in rounds[2]["first_failure"]
+    assert "NaN or Inf" in rounds[3]["first_failure"]
+    summary = failed_replies(tmp_path)
+    assert summary.startswith("8 client replies failed (1 rejected, 4 client errors, 3 timeouts); first, in round ")
+    assert summary.split("first, in round ")[1].startswith("2: client "), summary
 
 
 def test_a_real_client_exception_is_its_own_failure_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,8 @@ def test_model_size_without_data_matches_the_model_built_from_data(settings: dic
 def test_known_image_shapes_give_the_documented_sizes() -> None:
     assert model_size(RunConfig.from_mapping({"dataset": "cifar10", "model": "resnet9"})) == 6_573_120
     assert model_size(RunConfig.from_mapping({"dataset": "mnist", "model": "cnn"})) == 1_663_370
-    assert model_size(RunConfig.from_mapping({"dataset": "npz", "data-root": "x.npz"})) is None
+    with pytest.raises(FileNotFoundError, match="npz: no file at x.npz"):
+        model_size(RunConfig.from_mapping({"dataset": "npz", "data-root": "x.npz"}))  # its shape is in the file
 
 
 def test_client_state_and_k_are_checked_before_any_run() -> None:
@@ -31,7 +32,8 @@ def test_client_state_and_k_are_checked_before_any_run() -> None:
         check_runs([ok, too_many])
     with pytest.raises(ConfigError, match="'k' \\(400000\\) exceeds the model's 299018 parameters"):
         check_runs([RunConfig.from_mapping({"k": 400_000})])
-    check_runs([ok, RunConfig.from_mapping({"dataset": "npz", "data-root": "x.npz", "k": 10**9})])  # unknown d
+    (checked,) = check_runs([ok])
+    assert (checked.d, checked.num_classes, checked.num_clients, checked.inferred) == (299_018, 10, 100, False)
 
 
 def test_failure_reason_is_the_last_exception_in_the_log(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fedsketch.data import femnist, text
+from fedsketch import entry
+from fedsketch.data import femnist, text, user
+from fedsketch.data.checks import check_features, check_labels
 from fedsketch.data.images import (
     load_cifar,
     load_idx_images,
@@ -57,6 +59,14 @@ def load_federated(spec: DataSpec) -> FederatedData:
         return _load_text(spec)
     if spec.dataset == "npz":
         return _load_npz(spec)
+    if entry.is_reference(spec.dataset):
+        x_train, y_train, x_test, y_test, ids = user.load(spec)
+        return from_arrays(x_train, y_train, x_test, y_test, spec, client_ids=ids, name=spec.dataset)
+    if spec.dataset == "imagefolder":
+        from fedsketch.data import folder  # torchvision and Pillow, which a device need not have
+
+        x_train, y_train, x_test, y_test, classes = folder.load(spec.root, spec.num_classes)
+        return from_arrays(x_train, y_train, x_test, y_test, spec, name=f"imagefolder:{spec.root}", num_classes=classes)
     if spec.dataset == "femnist":
         return _load_femnist(spec)
     if spec.dataset == "mnist_t10k":
@@ -101,25 +111,34 @@ def from_arrays(
     y_train, y_test
         Integer labels ``(N,)``, or None with a Dataset.
     spec
-        The partition settings (``dataset`` and ``root`` are not used).
+        The partition settings (``dataset`` and ``root`` are not used), and
+        ``num_classes`` where the data set's own count is not given.
     client_ids
         Each training sample's own client, for ``partition="natural"``.
     name, num_classes
-        A label for logs; the number of classes (default: largest label + 1).
+        Where the data came from (it names the source in errors); the number of
+        classes (default: ``spec.num_classes``, else the largest label + 1).
 
     Raises
     ------
     ValueError
         If shapes or types disagree, or the partition is impossible.
+    DataError
+        If a feature is not finite or a label lies outside the classes (naming
+        the array and the first offending index).
     """
-    xtr, ytr = _samples(x_train, y_train, "train")
-    xte, yte = _samples(x_test, y_test, "test")
+    xtr, ytr = as_samples(x_train, y_train, "train", name)
+    xte, yte = as_samples(x_test, y_test, "test", name)
     if spec.partition == "natural" and client_ids is None:
         raise ValueError(
             f"{name} has no natural clients (no client ids): choose partition iid, dirichlet, pathological or shards"
         )
+    declared = num_classes if num_classes is not None else spec.num_classes or None
+    classes = declared if declared is not None else int(max(ytr.max(), yte.max() if yte.numel() else 0)) + 1
+    for split, x, y in (("train", xtr, ytr), ("test", xte, yte)):
+        check_features(x, f"x_{split}", name)
+        check_labels(y, f"y_{split}", name, classes, declared=declared is not None)
     parts = partition_labels(ytr.numpy(), spec, None if client_ids is None else np.asarray(client_ids))
-    classes = num_classes if num_classes is not None else int(max(ytr.max(), yte.max() if yte.numel() else 0)) + 1
     return FederatedData(xtr, ytr, xte, yte, tuple(parts), classes, tuple(xtr.shape[1:]), name)
 
 
@@ -157,23 +176,29 @@ def from_idx_files(
     )
 
 
-def _samples(x: Any, y: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(x, Dataset):
         if y is not None:
-            raise ValueError(f"{split}: labels come from the Dataset's (sample, label) pairs; pass y_{split}=None")
-        pairs = [x[i] for i in range(len(x))]  # type: ignore[arg-type]
+            raise ValueError(
+                f"{source}: labels come from the {split} Dataset's (sample, label) pairs; pass no y_{split}"
+            )
+        pairs = [x[i] for i in range(len(x))]  # type: ignore[arg-type]  # a map-style Dataset has __len__
         if not pairs:
-            raise ValueError(f"{split}: the Dataset is empty")
+            raise ValueError(f"{source}: the {split} Dataset is empty")
         x = torch.stack([torch.as_tensor(sample) for sample, _ in pairs])
         y = torch.tensor([int(label) for _, label in pairs])
     xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     if xt.dtype == torch.uint8:
-        raise ValueError(f"x_{split} is uint8: scale and normalize images first (e.g. fedsketch.data.normalize)")
+        raise ValueError(
+            f"x_{split} of {source} is uint8: scale and normalize images first (e.g. fedsketch.data.normalize)"
+        )
     if yt.is_floating_point() or yt.is_complex() or yt.dtype == torch.bool:
-        raise ValueError(f"y_{split} must hold integer labels; got {yt.dtype}")
+        raise ValueError(f"y_{split} of {source} must hold integer labels; got {yt.dtype}")
     if yt.ndim != 1 or xt.ndim < 2 or xt.shape[0] != yt.shape[0]:
-        raise ValueError(f"{split}: expected x (N, ...) and y (N,); got {tuple(xt.shape)} and {tuple(yt.shape)}")
+        raise ValueError(
+            f"{source}: expected x_{split} (N, ...) and y_{split} (N,); got {tuple(xt.shape)} and {tuple(yt.shape)}"
+        )
     return xt.to(torch.float32), yt.to(torch.int64)
 
 
@@ -219,7 +244,7 @@ def _load_npz(spec: DataSpec) -> FederatedData:
         arrays["y_test"],
         spec,
         client_ids=arrays.get("client_ids"),
-        name=f"npz:{path.name}",
+        name=f"npz:{path}",
     )
 
 

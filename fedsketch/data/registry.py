@@ -2,7 +2,8 @@
 
 One table for the config's choices, the loaders and the checks made before
 training (which build the model from the shape without reading any data).
-``npz`` is the user's own arrays: its shape is known only once read.
+``npz``, ``imagefolder`` and a loader of the user's own (``package.module:function``,
+not in this table) are known only once read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "cifar100": DatasetInfo((3, 32, 32), 100, "cifar-100-python/{train,test}"),
     "femnist": DatasetInfo((1, 28, 28), 62),
     "npz": DatasetInfo(None, None),
+    "imagefolder": DatasetInfo(None, None, "train/<class>/<image>, test/<class>/<image>"),
 }
 NAMES: tuple[str, ...] = tuple(DATASETS)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsketch import entry
 from fedsketch.data.registry import NAMES as DATASETS
 
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards")
@@ -52,6 +53,9 @@ class DataSpec:
         images over 10,000 clients).
     seed
         Every random choice of generation and partitioning derives from it.
+    num_classes
+        The number of classes of data whose count is not fixed (``npz``,
+        ``imagefolder``, a loader of your own); 0 infers it (largest label + 1).
     """
 
     dataset: str = "synthetic"
@@ -66,14 +70,15 @@ class DataSpec:
     synthetic_beta: float = 0.5
     synthetic_devices: int = 0
     seed: int = 0
+    num_classes: int = 0
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
+        if self.dataset not in DATASETS and not entry.is_reference(self.dataset):
             raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"unknown partition {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
         for name in ("num_clients", "classes_per_client", "shards_per_client", "samples_per_client", "seed",
-                     "synthetic_devices"):  # fmt: skip
+                     "synthetic_devices", "num_classes"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise TypeError(f"{name} must be an int; got {value!r}")

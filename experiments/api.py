@@ -1,0 +1,180 @@
+"""Run an experiment from Python (a notebook, a script) with your own model and data, through Flower.
+
+    from experiments.api import run
+
+    rows = run(
+        "experiments/configs/default.toml",           # or None: the embedded default job
+        model=build,                                 # a builder (input_shape, num_classes, seed) -> nn.Module
+        data=(x_train, y_train, x_test, y_test),     # arrays, a mapping, (train, test) Datasets, or a loader
+        strategies=["fetchsgd", "local_topk", "fedavg"],
+        num_rounds=20,                               # any setting, '-' written '_'
+    )
+
+It is what ``fedsketch run`` does (the command is a thin layer over
+:func:`prepare` and :func:`execute`): the same checks before anything starts,
+the same Flower runtime (``flwr run`` against a private SuperLink, the
+in-process or the Ray backend), the same run folders, and it returns every
+run's ``metrics.jsonl`` rows. What cannot be named in a setting travels by
+file: data objects are written once to an ``.npz`` under ``OUT/_inputs``
+(float32 samples and int64 labels, exactly what training reads), and a builder
+or loader that Flower's processes cannot import by name (defined in
+``__main__`` or a notebook) is pickled by value there with cloudpickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import runner
+from experiments.launch import Federation
+from experiments.runner import Experiment
+
+INPUTS = "_inputs"
+"""The folder under the results folder that holds data objects and pickled builders handed to :func:`run`."""
+
+
+class RunFailed(RuntimeError):
+    """Some run of the experiment did not reach its last round; what the others measured is kept."""
+
+
+def run(
+    config: str | Path | None = None,
+    *,
+    model: str | Callable[..., Any] | None = None,
+    data: Any = None,
+    strategies: Sequence[str] | None = None,
+    seeds: int | None = None,
+    out: str | Path = "runs",
+    backend: str | None = None,
+    supernodes: int = 2,
+    plot: bool = False,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """Run an experiment file (default: the embedded default job) and return every run's metrics rows.
+
+    Parameters
+    ----------
+    model
+        A built-in name, a ``package.module:function`` reference, or the builder itself.
+    data
+        A built-in dataset name or reference; a loader function; or the data
+        (a mapping or tuple of ``x_train, y_train, x_test, y_test[, client_ids]``,
+        or a pair of ``torch.utils.data.Dataset``) as docs/data.md describes.
+    strategies, seeds
+        Override the experiment's ``[compare]`` table.
+    out, backend, supernodes, plot
+        As ``fedsketch run``'s ``--out``, ``--backend``, ``--supernodes`` and (negated) ``--no-plot``.
+    settings
+        Run settings, ``num_rounds=20`` for ``num-rounds = 20``.
+
+    Raises
+    ------
+    ConfigError
+        A setting, the data or the model is refused (nothing was started).
+    RunFailed
+        A run stopped before its last round (its reason is in its ``flower.log``).
+    """
+    from experiments.cli import _federation
+
+    out = Path(out).resolve()
+    overrides = {key.replace("_", "-"): value for key, value in settings.items()}
+    if model is not None:
+        overrides["model"] = model if isinstance(model, str) else reference(model, out)
+    if data is not None:
+        overrides.update(data_settings(data, out))
+    experiment = prepare(config, overrides, out, seeds, strategies)
+    code = execute(experiment, _federation(supernodes, None, backend), plot)
+    if code in (130, 143):
+        raise KeyboardInterrupt
+    unfinished = [runner.describe(cfg) for cfg in experiment.runs if not runner.is_finished(cfg)]
+    if unfinished:
+        raise RunFailed(f"{', '.join(unfinished)} stopped before the last round (see each run's flower.log)")
+    return [row for cfg in experiment.runs for row in _rows(cfg)]
+
+
+def prepare(
+    config: str | Path | None,
+    overrides: dict[str, Any],
+    out: Path,
+    seeds: int | None = None,
+    strategies: Sequence[str] | None = None,
+) -> Experiment:
+    """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    from experiments.preflight import check_runs
+
+    overrides = {**overrides, "out-dir": str(out)}
+    experiment = runner.load_experiment(
+        Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None
+    )
+    for checked in check_runs(experiment.runs):
+        print(f"fedsketch: {checked.describe()}")
+    return experiment
+
+
+def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:
+    """Run a prepared experiment's runs in this process, print their outcomes; the command's exit code."""
+    from experiments.cli import run_plan
+    from experiments.plan import Plan
+
+    return run_plan(Plan.from_json(Plan.of(experiment.runs, fed, plot=plot).to_json()))
+
+
+def reference(fn: Callable[..., Any], out: Path) -> str:
+    """A setting value that names ``fn`` in every process: ``module:qualname``, else a pickle of it under ``out``."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in name:
+        try:
+            target: Any = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError):
+            target = None
+        if target is fn:
+            return f"{module}:{name}"
+    import cloudpickle  # a function of __main__ or a notebook: by value
+
+    return str(_store(cloudpickle.dumps(fn), out, ".pkl"))
+
+
+def data_settings(data: Any, out: Path) -> dict[str, Any]:
+    """The ``dataset`` (and ``data-root``) settings for ``data``: a name, a loader, or the data itself."""
+    if isinstance(data, str):
+        return {"dataset": data}
+    if callable(data):
+        return {"dataset": reference(data, out)}
+    from fedsketch.data.load import as_samples
+    from fedsketch.data.user import unpack
+
+    x_train, y_train, x_test, y_test, ids = unpack(data, "data")
+    arrays = dict(zip(("x_train", "y_train"), as_samples(x_train, y_train, "train", "data"), strict=True))
+    arrays.update(zip(("x_test", "y_test"), as_samples(x_test, y_test, "test", "data"), strict=True))
+    found = {key: value.numpy() for key, value in arrays.items()}
+    if ids is not None:
+        found["client_ids"] = np.asarray(ids)
+    buffer = io.BytesIO()
+    np.savez(buffer, **found)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag
+    return {"dataset": "npz", "data-root": str(_store(buffer.getvalue(), out, ".npz"))}
+
+
+def _store(content: bytes, out: Path, suffix: str) -> Path:
+    """``content`` in a file named by its hash under ``out/_inputs`` (the same input, the same path, once)."""
+    path = out / INPUTS / (hashlib.sha256(content).hexdigest()[:16] + suffix)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(content)
+        tmp.replace(path)
+    return path
+
+
+def _rows(cfg: Any) -> list[dict[str, Any]]:
+    from fedsketch import runlog
+
+    return runlog.read_metrics(runlog.run_dir(cfg))

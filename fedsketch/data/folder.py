@@ -1,0 +1,90 @@
+"""Images in torchvision's ``ImageFolder`` layout: ``ROOT/train/<class>/<image>`` and ``ROOT/test/<class>/<image>``.
+
+The common way people hold their own images. Classes are the sub-folders of
+``train`` in sorted order (torchvision's ``ImageFolder`` rule); ``test`` may hold
+fewer of them, never others. Every image must have the same size; grayscale
+sets stay one channel, anything else becomes RGB. Pixels are scaled to [0, 1]
+and normalized per channel by the training split's mean and standard deviation.
+Files are listed by torchvision (its image extensions) and read with Pillow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+from fedsketch.data.checks import DataError
+
+Split = tuple[list[str], np.ndarray]
+
+
+def load(root: str, num_classes: int = 0) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, int]:
+    """``x_train, y_train, x_test, y_test, classes`` of the folder ``root``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``root/train`` or ``root/test`` is missing.
+    DataError
+        If a test class is not a training class, images differ in size, or
+        ``num_classes`` (when not 0) differs from the number of class folders.
+    """
+    base = Path(root)
+    for split in ("train", "test"):
+        if not root or not (base / split).is_dir():
+            raise FileNotFoundError(
+                f"imagefolder: no folder {base / split}; set the data root to a folder holding "
+                "train/<class>/<image> and test/<class>/<image>"
+            )
+    classes, index = find_classes(str(base / "train"))
+    if num_classes and num_classes != len(classes):
+        raise DataError(
+            f"imagefolder:{root}: setting 'num-classes' is {num_classes} but train/ holds {len(classes)} class "
+            f"folders ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})"
+        )
+    test_classes, _ = find_classes(str(base / "test"))
+    if unknown := sorted(set(test_classes) - set(classes)):
+        raise DataError(f"imagefolder:{root}: test/ has class folders that train/ lacks: {unknown}")
+    train_files, y_train = _files(base / "train", index)
+    test_files, y_test = _files(base / "test", index)
+    x_train, x_test = _pixels(train_files), _pixels(test_files)
+    mode = "L" if x_train.shape[1] == 1 else "RGB"
+    if x_test.shape[1:] != x_train.shape[1:]:
+        raise DataError(
+            f"imagefolder:{root}: test images are {_describe(x_test.shape)} ({test_files[0]}) but training "
+            f"images are {_describe(x_train.shape)} in {mode}"
+        )
+    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-8)
+    return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, len(classes)
+
+
+def _files(folder: Path, index: dict[str, int]) -> Split:
+    samples = make_dataset(str(folder), {c: i for c, i in index.items() if (folder / c).is_dir()}, IMG_EXTENSIONS)
+    if not samples:
+        raise FileNotFoundError(f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) under {folder}")
+    return [path for path, _ in samples], np.array([label for _, label in samples], dtype=np.int64)
+
+
+def _pixels(files: list[str]) -> torch.Tensor:
+    """Every image as float32 ``(N, C, H, W)`` in [0, 1]; one size for all, else the first that differs is named."""
+    with Image.open(files[0]) as first:
+        size, gray = first.size, first.mode in ("L", "1", "I;16", "I")
+    arrays = []
+    for path in files:
+        with Image.open(path) as img:
+            if img.size != size:
+                raise DataError(
+                    f"imagefolder: {path} is {img.size[0]}x{img.size[1]}; {files[0]} is {size[0]}x{size[1]}"
+                )
+            arrays.append(np.asarray(img.convert("L" if gray else "RGB"), dtype=np.float32))
+    pixels = torch.from_numpy(np.stack(arrays)).div_(255.0)
+    return pixels.unsqueeze(1) if gray else pixels.permute(0, 3, 1, 2).contiguous()
+
+
+def _describe(shape: torch.Size) -> str:
+    return f"{shape[2]}x{shape[3]} with {shape[1]} channel(s)"
