@@ -82,8 +82,11 @@ def _jobs(
     A first exchange starts from the client's settled state; a second exchange
     reads what this round's first exchange left pending. A client whose kept
     state cannot be read, or who has nothing pending for a second exchange, fails alone.
+    A node that is one client and was sent no arrays under its id takes those
+    for a client the server cannot name yet (``wire.NEW_CLIENT``) as its own.
     """
     settled = _settled(request, cids)
+    own = {} if request.cids else request.extras.get(wire.NEW_CLIENT, {})  # a node the server has not heard from
     jobs, bases, failed = [], {}, {}
     for cid in cids:
         try:
@@ -95,7 +98,7 @@ def _jobs(
         except ValueError as exc:
             failed[cid] = str(exc)
             continue
-        jobs.append(ClientJob(cid, request.server_round, round_config, state, request.extras.get(cid, {})))
+        jobs.append(ClientJob(cid, request.server_round, round_config, state, request.extras.get(cid, own)))
     return jobs, bases, failed
 
 

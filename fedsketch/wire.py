@@ -11,6 +11,9 @@ request  ``model``            ArrayRecord  {"w": float32[d]}, or instead ``catch
          ``config``           ConfigRecord {"server-round", "cids", ...}
          ``request.<cid>``    ArrayRecord  arrays for one client only (optional,
                                            e.g. Sketched-SGD's pending support)
+         ``request.new``      ArrayRecord  with one client per node, arrays for a node's
+                                           client the server cannot name yet (its first
+                                           contact, e.g. PowerSGD's warm start)
 reply    ``update.<cid>``     ArrayRecord  the client's payload (method-specific)
          ``metrics.<cid>``    MetricRecord {"num-examples", "loss", "compute-s"}, plus
                                            the method's round settings it was sent
@@ -59,6 +62,12 @@ _REQUEST = "request."
 _STATE = "state."
 _DIAGNOSTIC = "diagnostic."
 DIAGNOSTIC_UPDATE = "update"
+_NEW = "new"
+
+NEW_CLIENT = -1
+"""The id of a client the server cannot name yet. With one client per node (deployment) a node's client is its
+``partition-id``, which the server learns from the node's first reply; until then what a method sends a client it
+has not heard from travels under ``request.new``, and the node's client takes it as its own."""
 
 
 def update_key(cid: int) -> str:
@@ -82,13 +91,15 @@ def diagnostic_key(cid: int) -> str:
 
 
 def request_key(cid: int) -> str:
-    """Record key of the arrays a request carries for logical client ``cid`` alone."""
-    return f"{_REQUEST}{cid}"
+    """Record key of the arrays a request carries for logical client ``cid`` alone (``request.new``: NEW_CLIENT)."""
+    return f"{_REQUEST}{_NEW if cid == NEW_CLIENT else cid}"
 
 
 def request_cid(key: str) -> int | None:
-    """``"request.17" -> 17``; ``None`` for any other key."""
+    """``"request.17" -> 17``, ``"request.new" -> NEW_CLIENT``; ``None`` for any other key."""
     tail = key[len(_REQUEST) :] if key.startswith(_REQUEST) else ""
+    if tail == _NEW:
+        return NEW_CLIENT
     return int(tail) if tail.isdigit() else None
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedsketch import wire
 from fedsketch.books import Books
 from fedsketch.config import RunConfig
 
@@ -39,9 +40,12 @@ class RoundPlan:
         return sum(max(1, len(cids)) for cids in self.sent.values())
 
     def targets(self, books: Books) -> dict[int, list[int]]:
-        """Each node's clients as far as the server knows them (a deployed node's, once it has replied)."""
-        return {node: cids or ([books.node_cid[node]] if node in books.node_cid else []) for node, cids in
-                self.sent.items()}  # fmt: skip
+        """Each node's clients as far as the server knows them.
+
+        A deployed node's client is known once the node has replied; before that it is ``wire.NEW_CLIENT``, so
+        the method's request for a client it has not heard from still reaches the node.
+        """
+        return {node: cids or [books.node_cid.get(node, wire.NEW_CLIENT)] for node, cids in self.sent.items()}
 
 
 def assign(cfg: RunConfig, server_round: int, grid: Grid, books: Books, stateful: bool) -> dict[int, list[int]]:

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from flwr.app import Message
 from method_helpers import encode
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook
 from torch.nn import functional as F
 
+from experiments.inprocess import InProcessGrid, task_identity
+from fedsketch import wire
 from fedsketch.algorithms import powersgd
 from fedsketch.config import RunConfig
 from fedsketch.flat import get_flat, get_flat_grad
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.powersgd import plan
 from fedsketch.models import build_model
+from strategies.server_app import build_strategy
 
 SHAPES = [(64, 20), (64,), (10, 64), (10,), (3, 3), (8, 4, 3, 3)]
 
@@ -142,3 +147,29 @@ def test_the_model_update_is_rank_r_per_matrix() -> None:
             mat = update[block.start : block.start + block.size].view(block.rows, block.cols)
             assert int(torch.linalg.matrix_rank(mat)) == 1
     assert cfg.to_mapping()["powersgd-rank"] == 1
+
+
+def test_a_node_the_server_has_not_heard_from_gets_the_current_warm_start() -> None:
+    """One client per node: a node names its client only in its reply, so its first request carries the
+    warm start under ``request.new``. Round 1 samples clients 1-3, round 2 clients 0, 1 and 3: client 0's
+    node is new in round 2 and must get round 2's warm start, the one the known nodes get by name."""
+    cfg = _cfg(**{"client-assignment": "node", "num-clients": 4, "min-nodes": 4, "num-rounds": 2, "eval-every": 1})
+    sent: list[Message] = []
+
+    def watch(requests: list[Message], replies: list[Message]) -> list[Message]:
+        sent.extend(m for m in requests if wire.MODEL_KEY in m.content.array_records)  # first exchanges only
+        return replies
+
+    strat = build_strategy(cfg, None)
+    with task_identity():
+        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=4, tamper=watch))  # type: ignore[arg-type]
+    keys, qs = [], []
+    for msg in sent:
+        (key,) = [k for k in msg.content.array_records if wire.request_cid(k) is not None]
+        keys.append((int(msg.content.config_records[wire.CONFIG_KEY][wire.ROUND]), key))  # type: ignore[arg-type]
+        qs.append(msg.content.array_records[key]["q"].numpy())
+    new = wire.request_key(wire.NEW_CLIENT)
+    assert keys == [(1, new)] * 3 + [(2, new), (2, wire.request_key(1)), (2, wire.request_key(3))]
+    assert all(np.array_equal(q, qs[0]) for q in qs[:3]) and all(np.array_equal(q, qs[3]) for q in qs[3:])
+    assert not np.array_equal(qs[0], qs[3])  # round 1's mean Q became round 2's warm start
+    assert [r["clients"] for r in strat.history] == [3, 3] and strat.books.totals["client_errors"] == 0

@@ -162,7 +162,9 @@ class Method:
         Client: a second exchange's answer from the kept state (Sketched-SGD's exact values,
         PowerSGD's Q), and the state to keep from then on (``None``: as it was).
     requests
-        Server: arrays each sampled client receives with the model (counted in its download).
+        Server: arrays each sampled client receives with the model (counted in its download). ``cids`` may
+        hold ``wire.NEW_CLIENT``, a client the server cannot name yet (deployment: a node's first contact):
+        what any client the server has not heard from needs (PowerSGD's warm start), or nothing.
     norm
         The norm ``clip-norm`` bounds; ``None``: the method's uploads cannot be clipped.
     sensitivity

@@ -99,7 +99,8 @@ def init(cfg: RunConfig, d: int, device: torch.device) -> PowerSGDState:
 
 
 def requests(state: PowerSGDState, cids: list[int], cfg: RunConfig, d: int) -> dict[int, Payload]:
-    """Every sampled client gets the orthogonalized warm start with the model."""
+    """Every sampled client gets the orthogonalized warm start with the model, a node not yet named
+    (``wire.NEW_CLIENT``) too: the warm start is the same for every client."""
     q_hat = powersgd.orthogonalize_all(state.q, plan(cfg), "q").cpu().numpy()
     return {cid: {"q": q_hat} for cid in cids}
 
