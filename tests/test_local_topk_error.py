@@ -11,6 +11,8 @@ the test recomputes from the model the server sent and the client's own data.
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,7 +26,7 @@ from method_helpers import encode
 from clients.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
 from experiments.inprocess import InProcessGrid, task_identity
-from fedsketch import wire
+from fedsketch import runlog, wire
 from fedsketch.client_state import state_root
 from fedsketch.compress.topk import decompress
 from fedsketch.config import ConfigError, RunConfig, check_against_model
@@ -176,9 +178,58 @@ def test_a_bad_value_is_refused_in_one_line_naming_the_key(value: object) -> Non
 
 
 def test_the_command_line_refuses_a_bad_value(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["run", "--strategies", "local_topk", "--set", "local-topk-error=virtual", "--out", str(tmp_path)]
+    args = ["run", "--strategies", "local_topk", "--set", "local-topk-error=virtual", "--set", "num-rounds=1"]
+    args += ["--out", str(tmp_path)]
     assert fedsketch_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "'local-topk-error' must be one of client, none; got 'virtual'" in err
     assert not any(tmp_path.iterdir())
+
+
+def _watch(folder: Path, seen: set[Path], stop: threading.Event) -> None:
+    """Every state file that appears under ``folder`` while the run goes on (the run deletes the folder at its end)."""
+    while not stop.wait(0.005):
+        try:
+            seen.update(folder.rglob("*.npz") if folder.is_dir() else ())
+        except OSError:  # removed while walked
+            continue
+
+
+@pytest.mark.slow
+def test_stateless_local_topk_through_flower_writes_no_state_and_checkpoints(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """A real Flower simulation: every client in every round, state "on disk", a checkpoint every round."""
+    settings = {
+        "experiment": "stateless",
+        "model": "mlp",
+        "model-hidden": 16,
+        "num-clients": 6,
+        "clients-per-round": 6,
+        "num-rounds": 3,
+        "eval-every": 1,
+        "k": 50,
+        "local-topk-error": "none",
+        "client-state": "disk",
+        "checkpoint-every": 1,
+    }
+    args = ["run", "--out", str(tmp_path), "--strategies", "local_topk", "--no-plot"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    run_dir = tmp_path / "stateless" / "local_topk"
+    seen: set[Path] = set()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(run_dir / "client-state", seen, stop), daemon=True)
+    watcher.start()
+    try:
+        assert fedsketch_main(args) == 0
+    finally:
+        stop.set()
+        watcher.join()
+    rows = runlog.read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["clients"] == 6 and r["failures"] == 0 and r["values_over_k"] == 1.0 for r in rows)
+    assert not seen, f"a stateless client wrote {sorted(seen)}"
+    assert (run_dir / runlog.CHECKPOINT).exists()
+    assert json.loads((run_dir / "config.json").read_text())["local-topk-error"] == "none"
