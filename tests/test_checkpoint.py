@@ -49,7 +49,13 @@ def rows(path: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "settings", [{"download": "sparse"}, {"strategy": "fedavg"}, {"clip-norm": 0.5, "dp-noise-multiplier": 0.3}]
+    "settings",
+    [
+        {"download": "sparse"},
+        {"strategy": "fedavg"},
+        {"clip-norm": 0.5, "dp-noise-multiplier": 0.3},
+        {"strategy": "local_topk", "local-topk-error": "none"},  # clients keep nothing a restart could lose
+    ],
 )
 def test_an_interrupted_run_resumes_to_the_same_model_and_metrics(tmp_path: Path, settings: dict[str, Any]) -> None:
     cfg = RunConfig.from_mapping({**SETTINGS, **settings})

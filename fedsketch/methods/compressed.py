@@ -5,8 +5,9 @@ FetchSGD (Rothchild et al., ICML 2020, Sec. 6) is compared with sparsifiers
 2019) and quantizers (QSGD, Alistarh et al., NeurIPS 2017; TernGrad, Wen et al.,
 NeurIPS 2017; signSGD with error feedback, Karimireddy et al., ICML 2019, or by
 majority vote, Bernstein et al., ICLR 2019). Each is a compressor from
-:mod:`fedsketch.compress`, client-side error feedback where its paper uses it,
-and one server step: the example-weighted mean of the decoded uploads (or the
+:mod:`fedsketch.compress`, client-side error feedback where its paper uses it
+(local top-k also without, as FetchSGD compares it: ``local-topk-error``), and
+one server step: the example-weighted mean of the decoded uploads (or the
 vote), then momentum SGD, sparsified to ``download-k`` coordinates if asked
 (:mod:`fedsketch.compress.server`).
 """
@@ -30,6 +31,25 @@ if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
 QSGD_LEVELS = Setting("qsgd-levels", int, 15, "QSGD's levels s (bit-packed, 8 bits at most)", minimum=1, maximum=255)
+LOCAL_TOPK_ERROR = Setting(
+    "local-topk-error",
+    str,
+    "client",
+    "`client` (each client keeps the error its top-k left out, Stich et al. 2018) or `none` (stateless: the "
+    "top-k of its own update, FetchSGD's local top-k baseline)",
+    choices=("client", "none"),
+)
+"""Local top-k's client memory, two named variants.
+
+``client``: the client compresses ``update + error`` and keeps what its top-k
+left out (Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory", NeurIPS
+2018; top-k itself: Aji and Heafield, EMNLP 2017). ``none``: the client sends
+the top-k of its own update and keeps nothing, as FetchSGD's comparison runs
+local top-k under sparse participation, where a client takes part too rarely to
+carry an error (Rothchild et al., ICML 2020, Sec. 4-5; their CommEfficient code,
+``fed_worker.py``, local top-k with ``error_type = "none"``; its ``"virtual"``
+error lives on the server). The server step is the same either way.
+"""
 SIGNSGD_VARIANT = Setting(
     "signsgd-variant", str, "ef",
     "`ef` (EF-signSGD: scaled signs, client error feedback) or `majority` (sign bits, majority vote)",
@@ -79,7 +99,7 @@ def _signsgd(cfg: RunConfig, d: int) -> Upload:
 
 
 UPLOADS: dict[str, UploadFn] = {
-    "local_topk": lambda cfg, d: Upload(get_compressor("topk", d, k=cfg.k), error_feedback=True),
+    "local_topk": lambda cfg, d: Upload(get_compressor("topk", d, k=cfg.k), error_feedback=error_feedback(cfg)),
     "random_k": lambda cfg, d: Upload(get_compressor("random_k", d, k=cfg.k), True, seed_scope="round"),
     "gaussiank": lambda cfg, d: Upload(get_compressor("gaussiank", d, k=cfg.k), error_feedback=True),
     "qsgd": lambda cfg, d: Upload(
@@ -164,7 +184,9 @@ def report(state: CompressedState, cfg: RunConfig) -> tuple[CompressedState, dic
 
 
 def error_feedback(cfg: RunConfig) -> bool:
-    """Whether clients keep error feedback: sparsifiers and EF-signSGD (biased compressors)."""
+    """Whether clients keep error feedback: the biased compressors (sparsifiers, EF-signSGD), unless told not to."""
+    if cfg.strategy == "local_topk":
+        return LOCAL_TOPK_ERROR.of(cfg) == "client"
     return cfg.strategy in SPARSIFIERS or (cfg.strategy == "signsgd" and SIGNSGD_VARIANT.of(cfg) == "ef")
 
 
@@ -181,8 +203,9 @@ def _method(name: str, upload_desc: str, keeps: str, paper: str, **facts: object
 
 
 METHODS = (
-    _method("local_topk", "own top-k, values and positions", "error, d floats", "Stich et al., NeurIPS 2018",
-            uses=("k", *COMMON), sweep={"k": "k"}),
+    _method("local_topk", "own top-k, values and positions", "client: error, d floats; none: none",
+            "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
+            settings=(LOCAL_TOPK_ERROR,), uses=("k", *COMMON), sweep={"k": "k"}),
     _method("random_k", "k values at coordinates the round shares", "error, d floats", "Stich et al., NeurIPS 2018",
             uses=("k", *COMMON), sweep={"k": "k"}),
     _method("gaussiank", "values above a Gaussian-fit threshold", "error, d floats", "Shi et al., 2019",
