@@ -39,7 +39,7 @@ def uptime_s() -> float:
 
 
 def _renamed_since(pid: int, since: float | None) -> bool:
-    if since is None or not Path("/proc").is_dir():
+    if since is None or not Path("/proc").is_dir() or not _renames_itself(pid):
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
     try:
@@ -47,6 +47,19 @@ def _renamed_since(pid: int, since: float | None) -> bool:
     except OSError:
         return False
     return started is not None and SESSION_TAG.encode() not in env and started / os.sysconf("SC_CLK_TCK") >= since
+
+
+def _renames_itself(pid: int) -> bool:
+    """Whether ``pid`` is a Ray process, which rewrites its title over what /proc shows of its environment.
+
+    Flower's own processes keep their environment readable, so one without this session's tag is somebody
+    else's (another test run or job on a shared machine) and is never counted, or killed, as ours.
+    """
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return any(name in cmdline for name in ("ray::", "raylet", "gcs_server", "ray/_private", "default_worker"))
 
 
 def _ours(pid: int) -> bool:
