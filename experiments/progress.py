@@ -117,8 +117,9 @@ def clock(seconds: float) -> str:
 class RunWatcher:
     """Polls one run's ``metrics.jsonl`` and ``rounds.jsonl`` and updates its progress line.
 
-    The line moves with every round that ended; accuracy and bytes come from the last evaluated one, and the
-    time left from the rounds that ended since the watcher started (a resumed run's earlier rounds do not count).
+    The line moves with every round that ended (the last one once it is evaluated); accuracy and bytes come from
+    the last evaluated round, and the time left from the rounds that ended since the watcher started (a resumed
+    run's earlier rounds do not count).
     """
 
     def __init__(
@@ -144,5 +145,9 @@ class RunWatcher:
         left = time_left(stamps, self.num_rounds)
         if left:
             status = f"{status}  about {clock(left)} left (estimate)".strip()
-        done = max([r["round"] for r in rows[-1:]] + [r["round"] for r in rounds[-1:]])
-        self.progress.update(self.task, completed=done, status=status)
+        evaluated = rows[-1]["round"] if rows else 0
+        ended = rounds[-1]["round"] if rounds else 0
+        # The last round is shown once it is evaluated: a line for it then carries the final accuracy.
+        done = max(evaluated, ended if ended < self.num_rounds else 0)
+        if done:
+            self.progress.update(self.task, completed=done, status=status)
