@@ -207,7 +207,8 @@ def totals_note(forecasts: Sequence[RunForecast]) -> str:
     )
     return (
         f"up (run), down (run): round 1 x num-rounds ({rounds}), an estimate. Later rounds ask other clients, whose "
-        f"replies differ by a few bytes (their example counts; Gaussian-k's count of values){extra}."
+        "replies differ by a few bytes (their example counts; Gaussian-k's count of values), and from round 64 the "
+        f"round's number takes a byte more in each client's config{extra}."
     )
 
 
