@@ -1,7 +1,7 @@
 """The ``fedsketch`` command.
 
     fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
-    fedsketch plan [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
+    fedsketch plan [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--supernodes N]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
     fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v ...]
@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
     plan_parser = sub.add_parser("plan", help="what each run will send (round 1 run here, no Flower), before running")
     _add_experiment_arguments(plan_parser, example_rounds=20)
+    plan_parser.add_argument(
+        "--supernodes",
+        type=int,
+        default=2,
+        help="the run's simulated nodes: secure aggregation bills by them (default: 2)",
+    )
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
     report = sub.add_parser("report", help="write report.md and report.csv: accuracy and bytes per run group")
@@ -100,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_runs(experiment.runs)  # k against the model's size, every sweep point, before the first run
     federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
     validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
-    print(forecast.render(*forecast.forecast(experiment.runs)), flush=True)
+    print(forecast.render(*forecast.forecast(experiment.runs, federation.num_supernodes)), flush=True)
     if args.as_program:
         plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch (experiments/plan.py)
     return run_plan(plan.Plan.from_json(validated.to_json()))
@@ -115,7 +121,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = runner.load_experiment(args.config or runner.DEFAULT_CONFIG, overrides, args.seeds, strategies)
     check_runs(experiment.runs)
-    print(forecast.render(*forecast.forecast(experiment.runs)))
+    print(forecast.render(*forecast.forecast(experiment.runs, args.supernodes)))
     return 0
 
 

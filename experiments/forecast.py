@@ -5,7 +5,8 @@ sent; this module says what each run of an experiment will send before any Flowe
 Each run's first round runs once, in this process, through the real strategy and the real
 ClientApp (:mod:`experiments.inprocess`: one gradient per sampled client, no Flower process), and
 every byte is billed by the run's own code (:mod:`strategies.billing`, :mod:`strategies.replies`),
-so a run's first round bills exactly these figures: what a client uploads depends on its data
+so a run's first round bills exactly these figures (secure aggregation aside, :func:`secure_note`):
+what a client uploads depends on its data
 (its example count travels in its reply; Gaussian-k's count of values), and only the real round
 knows it. The run's totals are that round times the number of rounds: an estimate, as later
 rounds sample other clients and carry their own round number. Beside the bytes: the model's size
@@ -38,8 +39,8 @@ REGIME_NOTE = (
     "5 points of true top-k on dense models (k = 1% of d; 6.2-12.6 points behind at 3 per k), and even at 100 per k "
     "its sketch found at most 11% of the true top-k there; see docs/regime.md"
 )
-COLUMNS = ("run", "d", "up/client", "down/client", "up/round", "down/round", "up (run)", "down (run)", "cols/k",
-           "client state")  # fmt: skip
+BYTE_COLUMNS = ("up/client", "down/client", "up/round", "down/round", "up (run)", "down (run)")
+COLUMNS = ("run", "d", *BYTE_COLUMNS, "cols/k", "client state")
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,15 @@ def _quiet_flower() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def first_round(cfg: RunConfig) -> FirstRound:
+def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
     """Run round 1 of ``cfg`` in this process (real strategy, real ClientApp, no Flower process); what it billed.
 
-    The round's clients keep their state in memory, whatever ``client-state`` says: they are one round's
-    clients, and where a client keeps its state changes nothing it sends. Nothing is written to disk.
+    ``nodes``: the simulated nodes the run will have (``--supernodes``). A client is billed alike on any
+    number of them, except under secure aggregation, whose bytes are the nodes' (:func:`secure_note`: the
+    one case where the figures are not a run's to the byte);
+    with one client per node (``client-assignment = "node"``) every client is a node. The round's
+    clients keep their state in memory, whatever ``client-state`` says: they are one round's clients,
+    and where a client keeps its state changes nothing it sends. Nothing is written to disk.
     """
     from typing import cast
 
@@ -123,7 +128,7 @@ def first_round(cfg: RunConfig) -> FirstRound:
     from strategies.server_app import build_strategy
 
     dry = RunConfig.from_mapping({"client-state": "memory", "max-client-state-mb": 2**40}, base=cfg)
-    nodes = dry.num_clients if dry.client_assignment == "node" else max(2, dry.min_nodes)
+    nodes = dry.num_clients if dry.client_assignment == "node" else max(nodes, dry.min_nodes)
     strat = build_strategy(dry, None)
     with task_identity(), _quiet_flower():
         strat.start(cast(Grid, InProcessGrid(dry.to_mapping(), num_nodes=nodes)), num_rounds=1)
@@ -132,18 +137,18 @@ def first_round(cfg: RunConfig) -> FirstRound:
     return FirstRound(strat.d, sampled, totals["clients"], totals["upload"], totals["download"])
 
 
-def forecast_run(cfg: RunConfig) -> RunForecast:
+def forecast_run(cfg: RunConfig, nodes: int = 2) -> RunForecast:
     """One run's forecast; ``d`` from :func:`experiments.preflight.model_size` where it knows the model."""
     from experiments.preflight import model_size
 
-    first = first_round(cfg)
+    first = first_round(cfg, nodes)
     return RunForecast(cfg, model_size(cfg) or first.d, first)
 
 
-def forecast(runs: Sequence[RunConfig]) -> tuple[list[RunForecast], float]:
-    """Every run's forecast, and the seconds it took."""
+def forecast(runs: Sequence[RunConfig], nodes: int = 2) -> tuple[list[RunForecast], float]:
+    """Every run's forecast on ``nodes`` simulated nodes, and the seconds it took."""
     start = time.perf_counter()
-    out = [forecast_run(cfg) for cfg in runs]
+    out = [forecast_run(cfg, nodes) for cfg in runs]
     return out, time.perf_counter() - start
 
 
@@ -160,10 +165,17 @@ def row(f: RunForecast) -> list[str]:
     """One run's cells, in the order of :data:`COLUMNS`."""
     ratio = f.cols_per_k
     return [
-        describe(f.cfg), f"{f.d:,}", _amount(f.upload_per_client), _amount(f.download_per_client),
-        f"{f.first.upload:,}", f"{f.first.download:,}", format_bytes(f.upload_total), format_bytes(f.download_total),
-        f"{ratio:.1f}" if ratio is not None else "-", _state(f),
-    ]  # fmt: skip
+        describe(f.cfg),
+        f"{f.d:,}",
+        _amount(f.upload_per_client),
+        _amount(f.download_per_client),
+        f"{f.first.upload:,}",
+        f"{f.first.download:,}",
+        format_bytes(f.upload_total),
+        format_bytes(f.download_total),
+        f"{ratio:.1f}" if ratio is not None else "-",
+        _state(f),
+    ]
 
 
 def table(forecasts: Sequence[RunForecast]) -> str:
@@ -212,6 +224,16 @@ def totals_note(forecasts: Sequence[RunForecast]) -> str:
     )
 
 
+def secure_note(labels: Sequence[str]) -> str:
+    """What a client's bytes are under secure aggregation."""
+    return (
+        f"secure aggregation ({', '.join(labels)}): the bytes are what SecAgg+'s four stages serialized between the "
+        "server and its nodes, each node summing its clients: a client's figure is its share of its node's, another "
+        "number of nodes (--supernodes) bills otherwise, and as the stages name the nodes, whose ids Flower draws at "
+        "random, a run's round differs by a few hundred bytes."
+    )
+
+
 def source_note(seconds: float) -> str:
     """Where the figures come from, and what each column is."""
     return (
@@ -225,11 +247,19 @@ def notes(forecasts: Sequence[RunForecast], seconds: float) -> list[str]:
     """The lines under the table: where the figures come from, what the totals assume, the regime map's word."""
     lines = [source_note(seconds), totals_note(forecasts), download_note(forecasts)]
     lines += [note for f in forecasts if (note := sketch_note(f)) is not None]
+    secure = [describe(f.cfg) for f in forecasts if f.cfg.secure_aggregation]
+    if secure:
+        lines.append(secure_note(secure))
     if any(f.state_bytes for f in forecasts):
-        lines.append("client state: at its largest, once every client has taken part (its committed and pending "
-                     "vectors, fedsketch/validate.py), where client-state keeps it.")  # fmt: skip
-    lines += [f"{describe(f.cfg)}: only {f.first.contributed} of {f.first.sampled} clients answered round 1"
-              for f in forecasts if f.first.contributed < f.first.sampled]  # fmt: skip
+        lines.append(
+            "client state: at its largest, once every client has taken part (its committed and pending "
+            "vectors, fedsketch/validate.py), where client-state keeps it."
+        )
+    lines += [
+        f"{describe(f.cfg)}: only {f.first.contributed} of {f.first.sampled} clients answered round 1"
+        for f in forecasts
+        if f.first.contributed < f.first.sampled
+    ]
     return lines
 
 

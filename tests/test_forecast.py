@@ -124,6 +124,13 @@ def test_a_sparse_download_is_said_to_be_bounded_by_the_dense_column() -> None:
     assert "fetchsgd seed 0" in note and "fedavg" not in note and "upper bound" in note
 
 
+def test_secure_aggregation_is_said_to_bill_by_nodes_and_not_to_the_byte() -> None:
+    text = render([_forecast("fetchsgd", settings={"secure-aggregation": True}), _forecast("fedavg")], seconds=1.0)
+    note = next(line for line in text.splitlines() if line.startswith("secure aggregation"))
+    assert "(fetchsgd seed 0)" in note and "fedavg" not in note and "--supernodes" in text
+    assert "secure aggregation" not in render([_forecast("fetchsgd")], seconds=1.0)
+
+
 def test_the_plan_reads_as_a_table_and_its_notes() -> None:
     text = render([_forecast("fetchsgd"), _forecast("local_topk")], seconds=1.25)
     lines = text.splitlines()
@@ -217,15 +224,15 @@ def test_the_plan_equals_a_flower_runs_first_round(
     """Through Flower's simulation: FetchSGD, Gaussian-k (what it sends depends on the gradient) and PowerSGD
     (a request to each client and a second exchange)."""
     strategies = ["fetchsgd", "gaussiank", "powersgd"]
-    args = ["--strategies", ",".join(strategies), "--out", str(tmp_path), "--set", "num-rounds=1",
-            "--set", "eval-every=1"]  # fmt: skip
+    one_round = ["--set", "num-rounds=1", "--set", "eval-every=1"]
+    args = ["--strategies", ",".join(strategies), "--out", str(tmp_path), *one_round]
     assert fedsketch_main(["plan", *args]) == 0
     printed = capsys.readouterr().out
     assert fedsketch_main(["run", *args, "--no-plot"]) == 0
     table_lines = 2 + len(strategies)  # its heading, the header and a row per run, before the notes
     ran = capsys.readouterr().out.splitlines()
     assert ran[:table_lines] == printed.splitlines()[:table_lines]  # `run` prints the same plan first
-    one_round = {"num-rounds": 1, "eval-every": 1, "out-dir": str(tmp_path)}
-    for cfg in runner.load_experiment(runner.DEFAULT_CONFIG, one_round, None, strategies).runs:
-        row = runlog.read_metrics(runlog.run_dir(cfg))[0]
-        assert _printed_round(printed, cfg) == (row["upload_bytes"], row["download_bytes"]), cfg.strategy
+    settings = {"num-rounds": 1, "eval-every": 1, "out-dir": str(tmp_path)}
+    for cfg in runner.load_experiment(runner.DEFAULT_CONFIG, settings, None, strategies).runs:
+        first = runlog.read_metrics(runlog.run_dir(cfg))[0]
+        assert _printed_round(printed, cfg) == (first["upload_bytes"], first["download_bytes"]), cfg.strategy
