@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from experiments.results import format_bytes
 from experiments.runner import describe
@@ -113,14 +113,12 @@ def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
     """Run round 1 of ``cfg`` in this process (real strategy, real ClientApp, no Flower process); what it billed.
 
     ``nodes``: the simulated nodes the run will have (``--supernodes``). A client is billed alike on any
-    number of them, except under secure aggregation, whose bytes are the nodes' (:func:`secure_note`: the
-    one case where the figures are not a run's to the byte);
+    number of them except under secure aggregation, whose bytes are the nodes' (:func:`secure_note`);
     with one client per node (``client-assignment = "node"``) every client is a node. The round's
-    clients keep their state in memory, whatever ``client-state`` says: they are one round's clients,
-    and where a client keeps its state changes nothing it sends. Nothing is written to disk.
+    clients keep their state in memory whatever ``client-state`` says, with no limit (the run's was
+    checked by :func:`experiments.preflight.check_runs`): they are one round's clients, and where a
+    client keeps its state changes nothing it sends. Nothing is written to disk.
     """
-    from typing import cast
-
     from flwr.serverapp import Grid
 
     from experiments.inprocess import InProcessGrid, task_identity
