@@ -1,6 +1,7 @@
 """The ``fedsketch`` command.
 
     fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
+    fedsketch plan [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--supernodes N]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
     fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v ...]
@@ -63,6 +64,16 @@ def _parser() -> argparse.ArgumentParser:
                           "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
                           "(default: ray when RAY_ADDRESS is set, else inprocess)")  # fmt: skip
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
+    run.add_argument("--no-plan", action="store_true",
+                     help="start without printing the byte plan (fedsketch plan: one in-process round per run)")  # fmt: skip
+    plan_parser = sub.add_parser("plan", help="what each run will send (round 1 run here, no Flower), before running")
+    _add_experiment_arguments(plan_parser, example_rounds=20)
+    plan_parser.add_argument(
+        "--supernodes",
+        type=int,
+        default=2,
+        help="the run's simulated nodes: secure aggregation bills by them (default: 2)",
+    )
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
     report = sub.add_parser("report", help="write report.md and report.csv: accuracy and bytes per run group")
@@ -87,16 +98,30 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
-    from experiments import api, plan, runner
+    from experiments import api, forecast, plan, runner
 
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
     federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
     validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
+    todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
+    if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
+        print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
     if args.as_program:
         plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch (experiments/plan.py)
     return run_plan(plan.Plan.from_json(validated.to_json()))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Validate every run as ``run`` does; print what each will send (experiments/forecast.py); start no Flower."""
+    from experiments import api, forecast, runner
+
+    strategies = args.strategies.split(",") if args.strategies else None
+    overrides = runner.parse_overrides(args.overrides)
+    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+    print(forecast.render(*forecast.forecast(experiment.runs, args.supernodes)))
+    return 0
 
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
@@ -296,7 +321,14 @@ def _dispatch(argv: list[str] | None) -> int:
 
     args = _parser().parse_args(argv)
     args.as_program = argv is None
-    commands = {"run": cmd_run, RUN_PLAN: cmd_run_plan, "plot": cmd_plot, "report": cmd_report, "deploy": cmd_deploy}
+    commands = {
+        "run": cmd_run,
+        "plan": cmd_plan,
+        RUN_PLAN: cmd_run_plan,
+        "plot": cmd_plot,
+        "report": cmd_report,
+        "deploy": cmd_deploy,
+    }
     try:
         return commands[args.command](args)
     except (ConfigError, FileNotFoundError) as exc:

@@ -2,7 +2,7 @@
 
 Each method runs one round of the experiment (its model, data and settings)
 through the real strategy and the real ClientApp in this process
-(:mod:`experiments.inprocess`): what a client uploads in every exchange and
+(:func:`experiments.forecast.first_round`): what a client uploads in every exchange and
 what it is sent are the serialized records the run would bill, counted by the
 same code. The arrays column is what one client's first upload holds. The
 exact byte count of each layout is checked against its formula in
@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import tomllib
 from pathlib import Path
-from typing import cast
 
 import torch
-from flwr.serverapp import Grid
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.forecast import first_round
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, Payload, get_method
-from strategies.server_app import build_strategy
 
 
 def first_upload(cfg: RunConfig, d: int) -> Payload:
@@ -38,15 +35,10 @@ def first_upload(cfg: RunConfig, d: int) -> Payload:
 
 def measure(cfg: RunConfig) -> tuple[float, float, Payload]:
     """One round of ``cfg``: mean upload and download bytes per sampled client, and one client's first upload."""
-    one = RunConfig.from_mapping({"num-rounds": 1, "eval-every": 1, "download": "dense"}, base=cfg)
-    strat = build_strategy(one, None)
-    with task_identity():
-        strat.start(cast(Grid, InProcessGrid(one.to_mapping(), num_nodes=2)))
-    clients = strat.books.totals["clients"]
-    if clients == 0:
+    first = first_round(RunConfig.from_mapping({"download": "dense"}, base=cfg))
+    if first.contributed == 0:
         raise SystemExit(f"{cfg.strategy}: no client contributed to the measured round")
-    upload, download = strat.books.totals["upload"] / clients, strat.books.totals["download"] / cfg.clients_per_round
-    return upload, download, first_upload(one, strat.d)
+    return first.upload / first.contributed, first.download / first.sampled, first_upload(cfg, first.d)
 
 
 def main() -> None:
