@@ -257,7 +257,8 @@ def test_a_key_both_swept_and_set_on_the_command_line_is_refused(
 def test_without_a_sweep_the_layout_is_unchanged() -> None:
     exp = runner.load_experiment(runner.DEFAULT_CONFIG, {"out-dir": "runs", "num-rounds": 2}, seeds=2)
     assert [str(runlog.run_dir(cfg)) for cfg in exp.runs] == [
-        "runs/default/fetchsgd", "runs/default/fetchsgd/seed1", "runs/default/fedavg", "runs/default/fedavg/seed1",
+        "runs/default/fetchsgd", "runs/default/fetchsgd/seed1", "runs/default/local_topk",
+        "runs/default/local_topk/seed1", "runs/default/fedavg", "runs/default/fedavg/seed1",
     ]  # fmt: skip
 
 

@@ -18,9 +18,11 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_default_config_is_valid_and_compares_fetchsgd_with_fedavg() -> None:
+def test_default_config_is_valid_and_compares_fetchsgd_with_local_topk_and_fedavg() -> None:
     exp = runner.load_experiment(runner.DEFAULT_CONFIG)
-    assert [r.strategy for r in exp.runs] == ["fetchsgd", "fedavg"]
+    assert [r.strategy for r in exp.runs] == ["fetchsgd", "local_topk", "fedavg"]
+    fetch, local, dense = exp.runs
+    assert (fetch.lr, local.lr, dense.lr, local.k) == (0.3, 0.1, 0.1, 17_000)
 
 
 def test_strategies_times_seeds_with_per_strategy_and_command_line_overrides(tmp_path: Path) -> None:
@@ -68,7 +70,9 @@ def test_overrides_parse_toml_values_and_bare_words() -> None:
 
 
 def test_finished_runs_are_skipped_and_unfinished_ones_restarted(tmp_path: Path) -> None:
-    exp = runner.load_experiment(runner.DEFAULT_CONFIG, {"out-dir": str(tmp_path), "num-rounds": 2})
+    exp = runner.load_experiment(
+        runner.DEFAULT_CONFIG, {"out-dir": str(tmp_path), "num-rounds": 2}, strategies=["fetchsgd", "fedavg"]
+    )
     calls: list[str] = []
 
     def fake_flower(cfg, path):  # type: ignore[no-untyped-def]
