@@ -68,11 +68,25 @@ class Cluster:
 def _ray_start(args: list[str], log: Path, env: dict[str, str], timeout_s: float = 180.0) -> subprocess.Popen[bytes]:
     """``ray start ARGS --block`` until it says the node runs; ``--block`` keeps it the node's owner.
 
+    Ray gives a raylet a fixed 30 s to register (``ray/_private/node.py``); on a loaded 2-core
+    machine that can run out, so a node that timed out during start-up is started once more.
+
     Raises
     ------
     RuntimeError
-        If it exits first or does not start within ``timeout_s``.
+        If it exits first or does not start within ``timeout_s``, twice for a start-up time-out.
     """
+    for attempt in range(2):
+        proc = _start_once(args, log, env, timeout_s)
+        if proc is not None:
+            return proc
+        if attempt or b"timed out during startup" not in log.read_bytes():
+            break
+        log.rename(log.with_suffix(".first-try.log"))
+    raise RuntimeError(f"ray start {' '.join(args)} did not start:\n{log.read_text(errors='replace')}")
+
+
+def _start_once(args: list[str], log: Path, env: dict[str, str], timeout_s: float) -> subprocess.Popen[bytes] | None:
     ray = str(Path(sys.executable).parent / "ray")
     with open(log, "wb") as out:
         proc = subprocess.Popen([ray, "start", *args, "--block"], env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -80,7 +94,7 @@ def _ray_start(args: list[str], log: Path, env: dict[str, str], timeout_s: float
     while b"Ray runtime started" not in log.read_bytes():
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop(proc)
-            raise RuntimeError(f"ray start {' '.join(args)} did not start:\n{log.read_text(errors='replace')}")
+            return None
         time.sleep(0.2)
     return proc
 
