@@ -38,8 +38,18 @@ def uptime_s() -> float:
     return float(Path("/proc/uptime").read_text().split()[0]) if Path("/proc/uptime").exists() else 0.0
 
 
+RAY_PROCESSES = ("ray::", "raylet", "gcs_server")  # the ones that rename themselves and may hide their environment
+
+
 def _renamed_since(pid: int, since: float | None) -> bool:
+    """A Ray process started since ``since`` whose environment shows no session tag (another's keeps its own)."""
     if since is None or not Path("/proc").is_dir():
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    if not any(name in cmdline for name in RAY_PROCESSES):  # Flower's processes keep their environment
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
     try:
