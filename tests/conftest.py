@@ -38,25 +38,41 @@ def uptime_s() -> float:
     return float(Path("/proc/uptime").read_text().split()[0]) if Path("/proc/uptime").exists() else 0.0
 
 
-RAY_PROCESSES = ("ray::", "raylet", "gcs_server")  # the ones that rename themselves and may hide their environment
-
-
 def _renamed_since(pid: int, since: float | None) -> bool:
-    """A Ray process started since ``since`` whose environment shows no session tag (another's keeps its own)."""
+    """Started since ``since``, showing no session tag, and below a process of this session.
+
+    A Ray process that renames itself can overwrite what ``/proc`` shows of its
+    environment; its parent (the raylet) still shows ours. Another session's
+    processes, renamed or not, are never below one of ours.
+    """
     if since is None or not Path("/proc").is_dir():
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    if not any(name in cmdline for name in RAY_PROCESSES):  # Flower's processes keep their environment
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return started is not None and SESSION_TAG.encode() not in env and started / os.sysconf("SC_CLK_TCK") >= since
+    if started is None or SESSION_TAG.encode() in env or started / os.sysconf("SC_CLK_TCK") < since:
+        return False
+    return _below_ours(pid)
+
+
+def _below_ours(pid: int) -> bool:
+    """Whether an ancestor of ``pid`` (short of init) is this process or carries this session's tag."""
+    parent = _parent(pid)
+    while parent > 1:
+        if parent == os.getpid() or _ours(parent):
+            return True
+        parent = _parent(parent)
+    return False
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _ours(pid: int) -> bool:
