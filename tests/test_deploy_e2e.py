@@ -99,7 +99,11 @@ def test_supernode_with_an_unregistered_key_is_refused(tmp_path: Path, no_leftov
         assert proc.wait(timeout=60) != 0  # Flower exits with code 305: the node could not activate
         assert fed.online_nodes() == registered
     assert "No SuperNode found with the given public key" in fed.log("superlink").read_text()
-    assert "Failed to activate SuperNode" in fed.log("supernode-1").read_text()
+    device = fed.log("supernode-1").read_text()
+    assert "Failed to activate SuperNode" in device and "launcher ready" not in device
+    # the device side is told where the reason is, and the likely fix
+    assert f"Flower's exit code 305: the SuperLink at {fed.address} refused this SuperNode" in device
+    assert "'No SuperNode found with the given public key': register this device's public key" in device
     assert not _processes_in(tmp_path)
 
 
