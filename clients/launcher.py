@@ -52,7 +52,7 @@ from types import FrameType
 from typing import NoReturn
 
 from clients.forked import limit_malloc_arenas, run_supernode, run_task
-from clients.joining import exit_hint, superlink_of, wait_joined
+from clients.joining import Joining, exit_hint, superlink_of, wait_joined
 
 # What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
 DEFAULT_PRELOAD = (
@@ -285,21 +285,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     joining = wait_joined(joined, launcher.waiting, JOIN_PATIENCE_S, lambda: print(waiting_line, flush=True))
     os.close(joined)
     if joining.node is None:  # the SuperNode exited (refused, its Runtime API port taken, ...), or we were stopped
-        return _stopped_before_ready(launcher, superlink, joining.flower_exit)
+        return _stopped_before_ready(launcher, superlink, joining)
     print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink}; {len(options.preload)} "
           f"modules imported in {warm_s:.1f} s; one fork per ClientApp task from {options.runtime_address}",
           flush=True)  # fmt: skip
     return launcher.serve()
 
 
-def _stopped_before_ready(launcher: Launcher, superlink: str, flower_exit: int | None) -> int:
-    """Stop everything; say what the SuperNode's Flower exit code most likely means; our exit code."""
+def _stopped_before_ready(launcher: Launcher, superlink: str, joining: Joining) -> int:
+    """Stop everything; say what the way the SuperNode gave up most likely means; our exit code."""
     launcher.stop()
-    hint = exit_hint(flower_exit, superlink) if flower_exit is not None else None
+    hint = exit_hint(joining, superlink)
     if hint:
-        print(f"launcher: the SuperNode gave up with Flower's exit code {flower_exit}: {hint}", file=sys.stderr,
-              flush=True)  # fmt: skip
-    return abs(launcher.returncode) if launcher.returncode else int(flower_exit is not None)
+        print(f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return abs(launcher.returncode) if launcher.returncode else int(joining.flower_exit is not None)
 
 
 def _stopper(launcher: Launcher) -> Callable[[int, FrameType | None], None]:

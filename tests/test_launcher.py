@@ -60,7 +60,10 @@ def test_bad_launcher_options_are_refused() -> None:
     ("lines", "expected"),
     [
         ([(INFO, "Starting Flower SuperNode"), (INFO, "SuperNode ID: %s", 42)], Joining(node=42)),
-        ([(ERROR, "Exit Code: 305\nFailed to initialize the connection to the SuperLink.")], Joining(flower_exit=305)),
+        (
+            [(ERROR, "Exit Code: 305\n[code: 2004] Failed")],
+            Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed"),
+        ),
         ([(INFO, "SuperNode terminated gracefully.")], Joining()),
     ],
 )
@@ -82,9 +85,12 @@ def test_the_launcher_learns_from_the_supernodes_log_whether_it_joined(
 def test_a_refused_supernode_gets_a_hint_naming_the_likely_cause() -> None:
     assert superlink_of(["flower-supernode", "--superlink", "10.0.0.1:8000"]) == "10.0.0.1:8000"
     assert superlink_of(["flower-supernode", "--superlink=h:1"]) == "h:1"
-    assert "ssh-keygen -p" in str(exit_hint(302, "h:1"))
-    assert "flwr supernode register" in str(exit_hint(305, "h:1")) and "h:1" in str(exit_hint(305, "h:1"))
-    assert exit_hint(1, "h:1") is None
+    assert "ssh-keygen -p" in str(exit_hint(Joining(flower_exit=302), "h:1"))
+    refused = str(exit_hint(Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed to activate"), "h:1"))
+    assert "flwr supernode register" in refused and "h:1" in refused
+    tls = Joining(flower_exit=305, message="[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert "subjectAltName must name h (an IP: or DNS: entry)" in str(exit_hint(tls, "h:1"))
+    assert exit_hint(Joining(flower_exit=1), "h:1") is None and exit_hint(Joining(), "h:1") is None
 
 
 def test_a_fab_is_extracted_once_for_the_same_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
