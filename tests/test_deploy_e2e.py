@@ -96,7 +96,7 @@ def test_supernode_with_an_unregistered_key_is_refused(tmp_path: Path, no_leftov
         registered = fed.wait_online(1)
         intruder = make_node_keys(tmp_path / "intruder", "intruder")
         proc = fed.start_supernode(1, key=intruder.private)
-        assert proc.wait(timeout=60) != 0  # Flower exits with code 305: the node could not activate
+        assert proc.wait(timeout=60) != 0  # Flower gives up with its exit code 305 (status 1): not activated
         assert fed.online_nodes() == registered
     assert "No SuperNode found with the given public key" in fed.log("superlink").read_text()
     device = fed.log("supernode-1").read_text()
@@ -114,7 +114,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
 
     Flower 1.41 keeps a node that died without saying goodbye "online" until its
     heartbeat lapses (up to 2 x 30 s) and refuses to activate it again before
-    that: the restarted ``flower-supernode`` exits (code 305). A supervisor
+    that: the restarted ``flower-supernode`` gives up (Flower's exit code 305). A supervisor
     restarts it, as the systemd unit of the deployment kit does (``Restart=always``).
     While its old self has lapsed and its new self is not yet activated, only two
     nodes are connected: ``min-nodes`` = 3 makes the next round wait (up to the
