@@ -19,13 +19,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from clients.joining import report_joining
 
-def run_supernode(argv: list[str]) -> NoReturn:
-    """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``."""
+
+def run_supernode(argv: list[str], report_fd: int | None = None) -> NoReturn:
+    """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``.
+
+    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.joining`).
+    """
     _name_process("flower-supernode")
     code = 1
     try:
         from flwr.supernode.cli.flower_supernode import flower_supernode
+
+        if report_fd is not None:
+            report_joining(report_fd)
 
         sys.argv = argv
         flower_supernode()

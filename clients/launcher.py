@@ -25,6 +25,11 @@ named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``). The
 launcher exits when the SuperNode does, with its exit code, so a supervisor
 (systemd) restarts both.
 
+It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
+(:mod:`clients.joining`), ``waiting for the SuperLink at ...`` while the
+SuperNode still retries, and, when the SuperNode exits before that (a key the
+SuperLink refuses, one it cannot read), what its exit code most likely means.
+
 Usage (``docs/deployment.md``)::
 
     python -m clients.launcher [--port 9094] [--poll-s 0.2] -- flower-supernode ARGS...
@@ -47,6 +52,7 @@ from types import FrameType
 from typing import NoReturn
 
 from clients.forked import limit_malloc_arenas, run_supernode, run_task
+from clients.joining import Joining, exit_hint, superlink_of, wait_joined
 
 # What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
 DEFAULT_PRELOAD = (
@@ -60,6 +66,7 @@ DEFAULT_PRELOAD = (
 DEFAULT_PORT = 9094  # flower-supernode's default Runtime API port
 OWNED_FLAGS = ("--isolation", "--host", "--port")  # the launcher sets these on the SuperNode
 STOP_GRACE_S = 10.0
+JOIN_PATIENCE_S = 2.0  # after warming up: how long the SuperNode may take to join before we say we wait
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,10 @@ class Launcher:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode is None
+
+    def waiting(self) -> bool:
+        """Neither stopped by a signal nor left without its SuperNode."""
+        return not self.stopping and self.supernode_alive()
 
     def serve(self) -> int:
         """Fork a child per task until the SuperNode exits or a signal stops us; returns the exit code."""
@@ -258,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     importlib.import_module("flwr.supernode.cli.flower_supernode")
     gc.collect()
     gc.freeze()
-    launcher = Launcher(options, _fork(run_supernode, command))
+    joined, joined_w = os.pipe()
+    launcher = Launcher(options, _fork(run_supernode, command, joined_w))
+    os.close(joined_w)  # the SuperNode holds the only writer: its exit ends the pipe
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopper(launcher))
     try:
@@ -266,13 +279,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         launcher.stop()
         sys.exit(f"cannot preload {exc.name!r}: {exc}")
+    warm_s, superlink = time.perf_counter() - start, superlink_of(command)
     _wait_listening(launcher)
-    if not launcher.supernode_alive():  # e.g. its Runtime API port was taken: say nothing is ready
-        launcher.stop()
-        return abs(launcher.returncode or 1)
-    print(f"launcher ready: {len(options.preload)} modules imported in {time.perf_counter() - start:.1f} s; "
-          f"one fork per ClientApp task from {options.runtime_address}", flush=True)  # fmt: skip
+    waiting_line = f"launcher: waiting for the SuperLink at {superlink} (the SuperNode retries until it connects)"
+    joining = wait_joined(joined, launcher.waiting, JOIN_PATIENCE_S, lambda: print(waiting_line, flush=True))
+    os.close(joined)
+    if joining.node is None:  # the SuperNode exited (refused, its Runtime API port taken, ...), or we were stopped
+        return _stopped_before_ready(launcher, superlink, joining)
+    print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink}; {len(options.preload)} "
+          f"modules imported in {warm_s:.1f} s; one fork per ClientApp task from {options.runtime_address}",
+          flush=True)  # fmt: skip
     return launcher.serve()
+
+
+def _stopped_before_ready(launcher: Launcher, superlink: str, joining: Joining) -> int:
+    """Stop everything; say what the way the SuperNode gave up most likely means; our exit code."""
+    launcher.stop()
+    hint = exit_hint(joining, superlink)
+    if hint:
+        print(f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return abs(launcher.returncode) if launcher.returncode else int(joining.flower_exit is not None)
 
 
 def _stopper(launcher: Launcher) -> Callable[[int, FrameType | None], None]:

@@ -236,7 +236,8 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         description="Without --kit: start a SuperLink and N SuperNodes on 127.0.0.1 (one client per SuperNode,\n"
                     "its data the partition named by its --node-config), run the experiment, stop everything.\n"
                     "With --kit DIR: start nothing; write certificates, SuperNode keys, scripts and a systemd unit\n"
-                    "for a real server and N devices into DIR, and print what to run where.",
+                    "for a real server and N devices into DIR, and a run config per run of the experiment (its\n"
+                    "settings with --set applied, experiment renamed NAME-kit), and print what to run where.",
     )  # fmt: skip
     _add_experiment_arguments(dep, example_rounds=5)
     dep.add_argument("--supernodes", type=int, default=3, help="SuperNodes, one client each (default: 3)")
@@ -259,14 +260,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
     from experiments import api, deploy, runner, stopping
     from experiments.progress import RunWatcher, make_progress
-    from experiments.recipe import write_kit
+    from experiments.recipe import kit_runs, write_kit
     from fedsketch import runlog
 
     try:
         if args.kit is not None:
             if not args.server:
                 raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
-            print(write_kit(args.kit, args.server, args.supernodes, args.port))
+            strategies = args.strategies.split(",") if args.strategies else None
+            runs = kit_runs(args.supernodes, args.config or runner.DEFAULT_CONFIG,
+                            runner.parse_overrides(args.overrides), strategies, args.seeds, str(args.out))  # fmt: skip
+            check_runs(runs)
+            print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0
         deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)
     except ValueError as exc:

@@ -81,6 +81,8 @@ class InProcessGrid:
 
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
         requests = list(messages)
+        for i, msg in enumerate(requests):  # as Flower's grids do when they push a message: its id, set in place
+            msg.metadata.__dict__["_message_id"] = f"{self.exchanges}.{i}"
         received = [delivered(msg) for msg in requests]
         if self.deliver is not None:
             received = [self.deliver(msg) for msg in received]

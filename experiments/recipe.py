@@ -12,23 +12,59 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from experiments.deploy import CONNECTION, connection_toml, node_settings, superlink_command, supernode_command
 from experiments.pki import ServerCertificates, make_certificates, make_node_keys
+from experiments.runner import DEFAULT_CONFIG, load_experiment, run_config_toml
+from fedsketch import runlog
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
 
 DEFAULT_PORT = 8000  # flower-superlink's default
 SUPERNODE_PORT = 9094  # flower-supernode's default local ClientApp API port
 INSTALL_DIR = "/opt/fedsketch"
 PORT_VARIABLE = "FEDSKETCH_RUNTIME_PORT"  # supernode.sh reads its local Runtime API port from it
+KIT_SUFFIX = "-kit"  # a kit's experiment is its file's, renamed: never the folder of a `fedsketch deploy` run
 
 
-def write_kit(folder: Path, server: str, num_devices: int, port: int = DEFAULT_PORT) -> str:
+def kit_runs(
+    num_devices: int, experiment_file: Path = DEFAULT_CONFIG, overrides: Mapping[str, Any] | None = None,
+    strategies: list[str] | None = None, seeds: int | None = None, out_dir: str = "runs",
+) -> tuple[RunConfig, ...]:  # fmt: skip
+    """The runs of ``experiment_file`` as a kit's devices run them: one client per SuperNode.
+
+    Settings come in the order ``fedsketch deploy`` applies them: the file, one
+    client per SuperNode, then ``overrides``. The experiment is named
+    ``NAME-kit`` unless ``overrides`` names one, and ``out_dir`` stays relative:
+    the SuperLink's ServerApp writes under the folder the SuperLink runs in.
+
+    Raises
+    ------
+    ConfigError
+        For a setting the experiment's runs refuse.
+    """
+    given = dict(overrides or {})
+    values = {**node_settings(num_devices), "out-dir": out_dir, **given}
+    if "experiment" not in given:
+        first = load_experiment(experiment_file, values, 1, strategies).runs[0]
+        values["experiment"] = runlog.experiment_name(first) + KIT_SUFFIX
+    return load_experiment(experiment_file, values, seeds, strategies).runs
+
+
+def write_kit(
+    folder: Path, server: str, num_devices: int, port: int = DEFAULT_PORT, runs: Sequence[RunConfig] = ()
+) -> str:
     """Write a deployment kit into ``folder`` and return the instructions.
 
     ``server`` is the host name or IP address devices use to reach the SuperLink;
     the server certificate names it (and 127.0.0.1, which the SuperLink's own
-    helper process dials).
+    helper process dials). ``runs`` (default: :func:`kit_runs` of the default
+    experiment) get one run config file each in ``admin/``: every setting, so
+    that ``flwr run`` runs exactly them and never pyproject's defaults.
 
     Raises
     ------
@@ -45,13 +81,21 @@ def write_kit(folder: Path, server: str, num_devices: int, port: int = DEFAULT_P
     admin = folder / "admin"
     admin.mkdir()
     (admin / "config.toml").write_text(connection_toml(f"{server}:{port}", certs.ca_cert), encoding="utf-8")
-    run_config = "".join(f"{k} = {_toml(v)}\n" for k, v in node_settings(num_devices).items())
-    (admin / "run_config.toml").write_text(run_config, encoding="utf-8")
+    files = {run_config_name(cfg, first=i == 0): cfg for i, cfg in enumerate(runs or kit_runs(num_devices))}
+    for name, cfg in files.items():
+        (admin / name).write_text(run_config_toml(cfg), encoding="utf-8")
     for i in range(num_devices):
         _write_device(folder / "devices" / f"node-{i}", certs, server, port, i, num_devices)
-    text = _instructions(folder, certs, server, port, num_devices)
+    text = _instructions(folder, certs, server, port, num_devices, files)
     (folder / "INSTRUCTIONS.txt").write_text(text, encoding="utf-8")
     return text
+
+
+def run_config_name(cfg: RunConfig, first: bool) -> str:
+    """``run_config.toml`` for the first run; ``run_config.fedavg.toml``, ``run_config.fetchsgd.seed1.toml``, ..."""
+    if first:
+        return "run_config.toml"
+    return ".".join(["run_config", *runlog.run_dir(cfg).relative_to(runlog.experiment_dir(cfg)).parts, "toml"])
 
 
 def _write_device(folder: Path, certs: ServerCertificates, server: str, port: int, i: int, n: int) -> None:
@@ -86,10 +130,15 @@ def _write_device(folder: Path, certs: ServerCertificates, server: str, port: in
     )
 
 
-def _instructions(folder: Path, certs: ServerCertificates, server: str, port: int, n: int) -> str:
+def _instructions(
+    folder: Path, certs: ServerCertificates, server: str, port: int, n: int, files: Mapping[str, RunConfig]
+) -> str:
     rel = ServerCertificates(*(Path("server") / p.name for p in (certs.ca_cert, certs.server_cert, certs.server_key)))
     link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0"))
     register = "\n".join(f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n))
+    runs = "\n".join(f"     admin/{name}: {cfg.strategy}, {cfg.num_rounds} rounds -> {runlog.run_dir(cfg)}/metrics.jsonl"
+                     for name, cfg in files.items())  # fmt: skip
+    device_0 = shlex.join(supernode_command(f"{server}:{port}", SUPERNODE_PORT, 0, n, Path("ca.crt"), Path("node-0")))
     return f"""\
 fedsketch deployment kit in {folder}: 1 SuperLink at {server}:{port}, {n} SuperNode(s), TLS and SuperNode auth.
 Keep {folder / "ca.key"} offline: it signs server certificates and is needed on no machine.
@@ -110,8 +159,9 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    flwr supernode list {CONNECTION}
    flwr run PATH/TO/fedsketch {CONNECTION} --stream --run-config {folder / "admin" / "run_config.toml"}
 
-   The run config sets one client per SuperNode ({", ".join(f"{k}={v}" for k, v in node_settings(n).items())});
-   add any other setting (num-rounds, strategy, ...) to it. The app's code travels with each run;
+   Each run config holds every setting of one run (one client per SuperNode), and its results' folder:
+{runs}
+   Change a setting by editing its line. The app's code travels with each run;
    devices need only its dependencies.
 
 3. Device i (i = 0..{n - 1}): copy devices/node-i/ to {INSTALL_DIR}/node-i, make {INSTALL_DIR}/venv with a
@@ -126,12 +176,7 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    sudo cp {INSTALL_DIR}/node-i/fedsketch-supernode.service /etc/systemd/system/
    sudo systemctl daemon-reload && sudo systemctl enable --now fedsketch-supernode
 
-   Device 0 runs: {shlex.join(supernode_command(f"{server}:{port}", SUPERNODE_PORT, 0, n, Path("ca.crt"), Path("node-0")))}
-   Its private key (node-i) never leaves the device; a node whose key is not registered is refused.
+   It prints "launcher ready" once the SuperLink has accepted it. Device 0 runs: {device_0}
+   Its private key (node-i) never leaves the device; a node whose key is not registered is refused,
+   and the device then says where the reason is and how to fix it.
 """
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str) else str(value)

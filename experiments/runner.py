@@ -169,9 +169,13 @@ def prepare(cfg: RunSpec) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     runlog.clear_status(path)  # a run resumed after an interruption is no longer interrupted
-    lines = [f"{key} = {_toml_value(value)}" for key, value in cfg.to_mapping().items()]
-    (path / "run_config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (path / "run_config.toml").write_text(run_config_toml(cfg), encoding="utf-8")
     return path
+
+
+def run_config_toml(cfg: RunSpec) -> str:
+    """Every setting of the run, one ``key = value`` line each: the file ``flwr run --run-config`` reads."""
+    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in cfg.to_mapping().items())
 
 
 def is_resumable(cfg: RunSpec) -> bool:

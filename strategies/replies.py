@@ -2,7 +2,7 @@
 
 A malformed reply is rejected with a logged reason and the round goes on
 without it: a bad client can cost its own contribution, never the round. What
-is checked, in order: the reply comes from a node that was asked, once; each
+is checked, in order: the reply answers a request that was sent, once; each
 asked client has an update and metrics (or a failure record); ``num-examples``
 is an int in ``1..max_examples``; the round's echoed settings match (the
 sketch's seed and shape); the payload's size and array count are bounded
@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 
 from clients.messages import Records, records_of, wire_bytes
 from fedsketch import wire
@@ -63,16 +64,38 @@ class RoundReplies:
             self.failures[cid] = reason[:300]
 
 
+def exchange(grid: Grid, requests: list[Message], timeout: float) -> tuple[list[Message], dict[str, int]]:
+    """Send ``requests`` and wait for the replies; also which node each request went to, by its message id.
+
+    The grid gives every request its message id as it pushes it.
+    """
+    replies = list(grid.send_and_receive(requests, timeout=timeout))
+    return replies, {m.metadata.message_id: m.metadata.dst_node_id for m in requests if m.metadata.message_id}
+
+
+def replying_node(msg: Message, requested: Mapping[str, int]) -> int:
+    """The node a reply stands for: the one its request went to, found by the id of the message it replies to.
+
+    An error the SuperLink writes itself, for a node that left or a reply that
+    expired, names the SuperLink as its source (node id 1 in Flower 1.41), not
+    the node; only its ``reply_to_message_id`` tells which request it answers.
+    A node's own reply has the node as its source (the SuperLink checks it).
+    """
+    return requested.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+
+
 def collect(
     replies: Iterable[Message], sent: dict[int, list[int]], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
-    diagnostic: PayloadSpec | None = None,
+    diagnostic: PayloadSpec | None = None, requested: Mapping[str, int] | None = None,
 ) -> RoundReplies:  # fmt: skip
     """Parse and validate replies; ``sent`` maps node id -> the cids it was asked for.
 
     ``spec`` is either the exact layout or a function that decodes a payload
     (its result is kept as ``ClientUpdate.decoded``) and raises for a bad one.
     ``diagnostic``, if given, is the exact layout of the diagnostic arrays every
-    client must add (kept as ``ClientUpdate.diagnostic``).
+    client must add (kept as ``ClientUpdate.diagnostic``). ``requested`` maps
+    each request's message id to its node (:func:`exchange`); without it a
+    reply stands for its source node.
     Nothing a reply holds can raise out of here. Updates come back sorted by
     client id, whatever order the replies arrived in, so that sums over them
     are the same in every run.
@@ -80,7 +103,7 @@ def collect(
     out = RoundReplies()
     answered: set[int] = set()
     for msg in replies:
-        node = msg.metadata.src_node_id
+        node = replying_node(msg, requested or {})
         if node not in sent or node in answered:
             log(WARNING, "reply from node %d ignored: %s", node, "not asked" if node not in sent else "a second reply")
             continue
@@ -88,6 +111,7 @@ def collect(
         asked = sent[node]
         if msg.has_error():
             reason = f"node {node} error: {msg.error.reason}"
+            log(WARNING, "%s", reason[:300])
             for cid in asked or [None]:  # type: ignore[list-item]
                 out.fail(cid, "errors", reason)
             continue

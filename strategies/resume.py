@@ -43,11 +43,11 @@ def restore(s: FedSketchStrategy) -> tuple[int, float]:
     CheckpointError
         If the checkpoint is corrupt or does not fit this run.
     """
-    if s.out_dir is None or not s.cfg.checkpoint_every:
+    if s.out_dir is None:
         return 1, 0.0
-    ckpt = checkpoint.load(s.out_dir, s.cfg)
-    if ckpt is None:
-        checkpoint.rewind_logs(s.out_dir, {})  # a fresh start: no rows from an earlier attempt
+    ckpt = checkpoint.load(s.out_dir, s.cfg) if s.cfg.checkpoint_every else None
+    if ckpt is None:  # a fresh start: no rows from an earlier attempt or run (e.g. the same `flwr run` again)
+        checkpoint.rewind_logs(s.out_dir, {})
         return 1, 0.0
     if ckpt.weights.shape != s.weights.shape:
         raise CheckpointError(f"checkpoint model has {ckpt.weights.numel()} weights; this run's has {s.d}")

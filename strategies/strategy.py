@@ -40,7 +40,7 @@ from fedsketch.methods.method import Layout
 from fedsketch.privacy import privacy_metrics
 from strategies import billing, guard, plan, resume, secure
 from strategies.limits import ReplyLimits, spec_bytes
-from strategies.replies import RoundReplies, collect
+from strategies.replies import RoundReplies, collect, exchange
 
 
 class FedSketchStrategy(Strategy):
@@ -80,6 +80,7 @@ class FedSketchStrategy(Strategy):
         self.plan: plan.RoundPlan | None = None  # the current round's, while it runs
         self.stateful = self.method.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
         self.answered: list[int] = []  # clients whose second-exchange answers this round's step used
+        self.requested: dict[str, int] = {}  # this round's requests: message id -> node (replies.exchange)
 
     # ---------------------------------------------------------- Flower API
     def configure_train(
@@ -87,6 +88,7 @@ class FedSketchStrategy(Strategy):
     ) -> Iterable[Message]:
         """Sample logical clients, spread them over nodes, build one message per node and bill it."""
         self.plan = p = self.plan_round(server_round, config, grid)
+        self.requested = {}
         targets = p.targets(self.books)
         wanted = [cid for cids in targets.values() for cid in cids]
         extras = {c: messages.payload_to_record(x) for c, x in self.method.requests(self.state, wanted, self.cfg,
@@ -128,7 +130,7 @@ class FedSketchStrategy(Strategy):
         p = self._current(server_round)
         layout = self.method.layout(self.cfg, self.d, server_round)
         limits = self.reply_limits(layout, p.echo)
-        got = collect(replies, p.sent, layout, limits, self.method.diagnostic(self.cfg, self.d))
+        got = collect(replies, p.sent, layout, limits, self.method.diagnostic(self.cfg, self.d), self.requested)
         self.books.node_cid.update({u.node: u.cid for u in got.updates})
         self.count_replies(got)
         self.books.add("clients", len(got.updates))
@@ -171,8 +173,9 @@ class FedSketchStrategy(Strategy):
                 secure.secure_round(self, rnd, grid, train_config or ConfigRecord())
             else:
                 arrays = messages.model_record(self.weights.cpu().numpy())
-                requests = self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid)
-                self.aggregate_train(rnd, grid.send_and_receive(requests, timeout=timeout or self.cfg.round_timeout))
+                requests = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
+                replies, self.requested = exchange(grid, requests, timeout or self.cfg.round_timeout)
+                self.aggregate_train(rnd, replies)
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
             resume.checkpoint_round(self, rnd, num_rounds, time.perf_counter() - start)
@@ -290,8 +293,8 @@ class FedSketchStrategy(Strategy):
             if p is None:
                 raise RuntimeError("a second exchange needs a round in progress")
             sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query)
-            replies = p.grid.send_and_receive(requests, timeout=self.cfg.round_timeout)
-            got = collect(replies, sent, layout, self.reply_limits(layout, {}))
+            replies, requested = exchange(p.grid, requests, self.cfg.round_timeout)
+            got = collect(replies, sent, layout, self.reply_limits(layout, {}), requested=requested)
             self.count_replies(got)
             self.answered = [u.cid for u in got.updates]
             return got.updates

@@ -39,27 +39,40 @@ def uptime_s() -> float:
 
 
 def _renamed_since(pid: int, since: float | None) -> bool:
-    if since is None or not Path("/proc").is_dir() or not _renames_itself(pid):
+    """Started since ``since``, showing no session tag, and below a process of this session.
+
+    A Ray process that renames itself can overwrite what ``/proc`` shows of its
+    environment; its parent (the raylet) still shows ours. Another session's
+    processes, renamed or not, are never below one of ours.
+    """
+    if since is None or not Path("/proc").is_dir():
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return started is not None and SESSION_TAG.encode() not in env and started / os.sysconf("SC_CLK_TCK") >= since
-
-
-def _renames_itself(pid: int) -> bool:
-    """Whether ``pid`` is a Ray process, which rewrites its title over what /proc shows of its environment.
-
-    Flower's own processes keep their environment readable, so one without this session's tag is somebody
-    else's (another test run or job on a shared machine) and is never counted, or killed, as ours.
-    """
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+    if started is None or SESSION_TAG.encode() in env or started / os.sysconf("SC_CLK_TCK") < since:
         return False
-    return any(name in cmdline for name in ("ray::", "raylet", "gcs_server", "ray/_private", "default_worker"))
+    return _below_ours(pid)
+
+
+def _below_ours(pid: int) -> bool:
+    """Whether an ancestor of ``pid`` (short of init) is this process or carries this session's tag."""
+    parent = _parent(pid)
+    while parent > 1:
+        if parent == os.getpid() or _ours(parent):
+            return True
+        parent = _parent(parent)
+    return False
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def _ours(pid: int) -> bool:

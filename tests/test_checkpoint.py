@@ -127,3 +127,14 @@ def test_edited_logs_and_stateful_clients_are_refused(tmp_path: Path) -> None:
         checkpoint.load(tmp_path, cfg)
     with pytest.raises(ConfigError, match="clients keep state on their nodes"):  # refused before any training
         RunConfig.from_mapping({**SETTINGS, "strategy": "local_topk"})
+
+
+def test_the_same_run_started_again_without_checkpoints_logs_only_its_own_rounds(tmp_path: Path) -> None:
+    """As when an operator repeats the same ``flwr run``: one row per round, not the earlier run's rows too."""
+    cfg = RunConfig.from_mapping({**SETTINGS, "num-rounds": 2, "checkpoint-every": 0})
+    with pytest.raises(Crash):
+        run(cfg, tmp_path, crash_in_round=2)  # an earlier attempt left round 1's rows
+    run(cfg, tmp_path)
+    run(cfg, tmp_path)
+    assert [r["round"] for r in rows(tmp_path)] == [1, 2]
+    assert [r["round"] for r in rows(tmp_path, "rounds.jsonl")] == [1, 2]

@@ -7,6 +7,7 @@ ClientApp process that imports torch), so the runs are kept to 2-4 rounds.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments import runner
 from experiments.cli import main as fedsketch_main
 from experiments.deploy import Deployment, LocalFederation, node_settings
+from experiments.launch import stop_group
 from experiments.pki import make_node_keys
 from fedsketch.config import RunConfig
 
@@ -94,10 +96,14 @@ def test_supernode_with_an_unregistered_key_is_refused(tmp_path: Path, no_leftov
         registered = fed.wait_online(1)
         intruder = make_node_keys(tmp_path / "intruder", "intruder")
         proc = fed.start_supernode(1, key=intruder.private)
-        assert proc.wait(timeout=60) != 0  # Flower exits with code 305: the node could not activate
+        assert proc.wait(timeout=60) != 0  # Flower gives up with its exit code 305 (status 1): not activated
         assert fed.online_nodes() == registered
     assert "No SuperNode found with the given public key" in fed.log("superlink").read_text()
-    assert "Failed to activate SuperNode" in fed.log("supernode-1").read_text()
+    device = fed.log("supernode-1").read_text()
+    assert "Failed to activate SuperNode" in device and "launcher ready" not in device
+    # the device side is told where the reason is, and the likely fix
+    assert f"Flower's exit code 305: the SuperLink at {fed.address} refused this SuperNode" in device
+    assert "'No SuperNode found with the given public key': register this device's public key" in device
     assert not _processes_in(tmp_path)
 
 
@@ -108,7 +114,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
 
     Flower 1.41 keeps a node that died without saying goodbye "online" until its
     heartbeat lapses (up to 2 x 30 s) and refuses to activate it again before
-    that: the restarted ``flower-supernode`` exits (code 305). A supervisor
+    that: the restarted ``flower-supernode`` gives up (Flower's exit code 305). A supervisor
     restarts it, as the systemd unit of the deployment kit does (``Restart=always``).
     While its old self has lapsed and its new self is not yet activated, only two
     nodes are connected: ``min-nodes`` = 3 makes the next round wait (up to the
@@ -140,4 +146,43 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
     # back in a later round (under load its first round back may still time out)
     assert max(r["clients"] for r in rows[2:]) == 3
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
+    assert not _processes_in(tmp_path)
+
+
+def test_a_supernode_stopped_mid_round_is_counted_at_once_as_its_clients_error(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """Ctrl-C or ``systemctl stop`` on a device that holds a round's message: the round goes on without waiting.
+
+    The SuperNode says goodbye (SIGTERM), and the SuperLink answers the round's
+    request to it with an error of its own, whose source is the SuperLink
+    (node 1), not the node. The reply is matched to the node by the request it
+    answers: the node's client counts as a client error, not a time-out, and the
+    round ends long before ``round-timeout``. Flower's default isolation (a
+    ClientApp process that imports torch, about 10 s) leaves time to stop the
+    node between receiving the message and replying.
+    """
+    values = {**node_settings(2), **TINY, "num-rounds": 3, "experiment": "leave", "out-dir": str(tmp_path / "runs"),
+              "min-nodes": 1, "min-replies": 1, "round-timeout": 300.0}  # fmt: skip
+    run_dir = runner.prepare(RunConfig.from_mapping(values))
+    with LocalFederation(Deployment(2, isolation="subprocess"), tmp_path / "fed") as fed:
+        fed.wait_online(2)
+        stopped: list[float] = []
+
+        def leave() -> None:  # called twice a second while the run goes on
+            if not stopped and fed.log("supernode-1").read_text().count("Received successfully") == 2:
+                stop_group(fed.procs.pop("supernode-1"))  # SIGTERM: as Ctrl-C or systemctl stop
+                stopped.append(time.time())
+
+        code = fed.run(ROOT, run_dir / "run_config.toml", run_dir / "flower.log", poll=leave)
+        node = int(re.findall(r"SuperNode ID: (\d+)", fed.log("supernode-1").read_text())[0])
+    assert code == 0, (run_dir / "flower.log").read_text()[-3000:]
+    assert stopped, "SuperNode 1 never received round 2's message"
+    rows = _rows(run_dir)
+    counts = [(r["round"], r["clients"], r["client_errors"], r["timeouts"]) for r in rows]
+    assert counts == [(1, 2, 0, 0), (2, 1, 1, 0), (3, 1, 0, 0)]
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[1]["unix_time"] - stopped[0] < 30.0  # not the 300 s round-timeout
+    log = (run_dir / "flower.log").read_text()
+    assert f"node {node} error: " in log and "not asked" not in log
     assert not _processes_in(tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
+from experiments import runner
 from experiments.cli import main as fedsketch_main
-from experiments.deploy import Deployment
+from experiments.deploy import Deployment, node_settings
 from experiments.recipe import write_kit
 
 
@@ -51,9 +53,22 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
         )
         assert f"flwr supernode register devices/node-{i}/node-{i}.pub fedsketch-deploy" in text
     assert len(publics) == 3
-    assert (
-        'client-assignment = "node"\nnum-clients = 3\n' in (tmp_path / "kit" / "admin" / "run_config.toml").read_text()
-    )
+    settings = tomllib.loads((tmp_path / "kit" / "admin" / "run_config.toml").read_text())
+    assert settings.items() >= node_settings(3).items()
+
+
+def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_device(tmp_path: Path) -> None:
+    """One source of settings: the run ``fedsketch deploy`` runs, in a folder of its own, relative to the SuperLink's."""
+    assert fedsketch_main(["deploy", "--kit", str(tmp_path / "kit"), "--server", "10.0.0.1", "--supernodes", "3",
+                           "--set", "num-rounds=7"]) == 0  # fmt: skip
+    admin = tmp_path / "kit" / "admin"
+    deployed = runner.load_experiment(runner.DEFAULT_CONFIG, {**node_settings(3), "num-rounds": 7}).runs
+    for name, run in (("run_config.toml", deployed[0]), ("run_config.fedavg.toml", deployed[1])):
+        settings = tomllib.loads((admin / name).read_text())
+        assert settings == {**run.to_mapping(), "experiment": "default-kit", "out-dir": "runs"}
+    settings = tomllib.loads((admin / "run_config.toml").read_text())
+    assert (settings["strategy"], settings["num-rounds"], settings["sketch-cols"]) == ("fetchsgd", 7, 9000)
+    assert "runs/default-kit/fetchsgd/metrics.jsonl" in (tmp_path / "kit" / "INSTRUCTIONS.txt").read_text()
 
 
 def test_a_kit_never_overwrites_keys(tmp_path: Path) -> None:

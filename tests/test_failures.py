@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ConfigRecord, Error, Message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from experiments.inprocess import InProcessGrid, task_identity
 from experiments.results import failed_replies
@@ -93,3 +95,32 @@ def test_a_real_client_exception_is_its_own_failure_only(tmp_path: Path, monkeyp
     assert (row["clients"], row["client_errors"], row["skipped_rounds"]) == (5, 1, 0)
     (line,) = (tmp_path / "rounds.jsonl").read_text().splitlines()
     assert json.loads(line)["applied"] is True
+
+
+@pytest.mark.parametrize("assignment", ["node", "cohort"])
+def test_a_node_that_left_is_its_own_client_error_not_a_timeout(
+    tmp_path: Path, assignment: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SuperLink answers for a node that left with an error of its own: its source is the SuperLink (node 1).
+
+    Only the id of the request it replies to says which node it stands for.
+    """
+    settings = {**SETTINGS, "num-rounds": 1, "min-replies": 1, "client-assignment": assignment}
+    if assignment == "node":
+        settings.update({"num-clients": 2, "clients-per-round": 2, "min-nodes": 2})
+    cfg = RunConfig.from_mapping(settings)
+
+    def node_left(requests: list[Message], replies: list[Message]) -> list[Message]:
+        request = next(m for m in requests if m.metadata.dst_node_id == 101)
+        error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=request)
+        error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+        return [error, *(m for m in replies if m.metadata.src_node_id != 101)]
+
+    strat = build_strategy(cfg, tmp_path)
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
+        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=node_left))
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lost = 1 if assignment == "node" else 3  # node 101's clients
+    assert (row["clients"], row["client_errors"], row["timeouts"]) == (cfg.clients_per_round - lost, lost, 0)
+    assert "node 101 error: Error: Node Unavailable" in caplog.text
+    assert "not asked" not in caplog.text

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
+import time
+from logging import ERROR, INFO
 from pathlib import Path
+from typing import Any
 
 import pytest
+from flwr.common.logger import log as flower_log
 
 from clients.forked import install_once
+from clients.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
 from clients.launcher import LauncherOptions, supernode_argv
-from experiments.deploy import Deployment, LocalFederation, node_settings
+from experiments.deploy import TAG, Deployment, LocalFederation, node_settings, superlink_command, supernode_command
+from experiments.launch import bin_path, flower_env, free_port, stop_group
+from experiments.procs import stop_carrying
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +54,43 @@ def test_bad_launcher_options_are_refused() -> None:
         LauncherOptions(poll_s=0)
     with pytest.raises(ValueError, match="--port"):
         LauncherOptions(port=70000)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([(INFO, "Starting Flower SuperNode"), (INFO, "SuperNode ID: %s", 42)], Joining(node=42)),
+        (
+            [(ERROR, "Exit Code: 305\n[code: 2004] Failed")],
+            Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed"),
+        ),
+        ([(INFO, "SuperNode terminated gracefully.")], Joining()),
+    ],
+)
+def test_the_launcher_learns_from_the_supernodes_log_whether_it_joined(
+    lines: list[tuple[Any, ...]], expected: Joining
+) -> None:
+    read, write = os.pipe()
+    reporter = report_joining(write)
+    try:
+        for line in lines:
+            flower_log(*line)
+    finally:
+        logging.getLogger("flwr").removeHandler(reporter)
+        os.close(write)  # as when the SuperNode exits
+    assert wait_joined(read, lambda: True, 60.0, lambda: None) == expected
+    os.close(read)
+
+
+def test_a_refused_supernode_gets_a_hint_naming_the_likely_cause() -> None:
+    assert superlink_of(["flower-supernode", "--superlink", "10.0.0.1:8000"]) == "10.0.0.1:8000"
+    assert superlink_of(["flower-supernode", "--superlink=h:1"]) == "h:1"
+    assert "ssh-keygen -p" in str(exit_hint(Joining(flower_exit=302), "h:1"))
+    refused = str(exit_hint(Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed to activate"), "h:1"))
+    assert "flwr supernode register" in refused and "h:1" in refused
+    tls = Joining(flower_exit=305, message="[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert "subjectAltName must name h (an IP: or DNS: entry)" in str(exit_hint(tls, "h:1"))
+    assert exit_hint(Joining(flower_exit=1), "h:1") is None and exit_hint(Joining(), "h:1") is None
 
 
 def test_a_fab_is_extracted_once_for_the_same_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,3 +129,40 @@ def test_each_round_runs_the_runs_own_clientapp_code_in_a_fork(tmp_path: Path) -
     assert (tmp_path / "fed" / "nodes" / "node-0" / "from-the-fab").exists()
     assert "launcher ready" in log and log.count("Sent successfully") == 2
     assert "Starting Flower SuperExec" not in log  # Flower's per-message launcher never started
+
+
+@pytest.mark.slow
+def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supernode(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """Started before its SuperLink, the device says it waits for it; ready comes once the SuperNode has joined."""
+    port, tag = free_port(), {TAG: str(tmp_path)}
+    node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)
+    log = tmp_path / "device.log"
+    with open(log, "wb") as out:
+        device = subprocess.Popen([sys.executable, *node_cmd[1:]], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**flower_env(tmp_path / "node"), **tag}, start_new_session=True)  # fmt: skip
+    link: subprocess.Popen[bytes] | None = None
+    try:
+        _wait_for(log, f"launcher: waiting for the SuperLink at 127.0.0.1:{port}", device)
+        assert "launcher ready" not in log.read_text()
+        with open(tmp_path / "superlink.log", "wb") as out:
+            link = subprocess.Popen([bin_path("flower-superlink"), *superlink_command(port, None, auth=False)[1:]],
+                                    cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**flower_env(tmp_path / "link"), **tag})  # fmt: skip
+        _wait_for(log, f"connected to the SuperLink at 127.0.0.1:{port}", device)
+        ready = next(line for line in log.read_text().splitlines() if line.startswith("launcher ready"))
+        assert re.match(r"launcher ready: SuperNode \d+ connected", ready), ready
+    finally:
+        for proc in (device, link):
+            if proc is not None:
+                stop_group(proc)
+        stop_carrying(TAG, str(tmp_path), 5.0)
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} (exit code {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.5)
