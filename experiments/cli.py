@@ -259,6 +259,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
     from experiments import api, deploy, runner, stopping
+    from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
     from experiments.recipe import kit_runs, write_kit
     from fedsketch import runlog
