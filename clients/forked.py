@@ -53,7 +53,7 @@ def run_task(token: str, runtime_address: str) -> NoReturn:
         _forget_package((__package__ or "clients").split(".")[0])
         from flwr.supernode.runtime import run_clientapp as runtime
 
-        if hasattr(runtime, "install_from_fab"):  # Flower 1.41's name; without it, Flower's own behaviour
+        if hasattr(runtime, "install_from_fab"):  # Flower 1.41's and 1.42's name; without it, Flower's own behaviour
             runtime.install_from_fab = install_once(runtime.install_from_fab)
         runtime.run_clientapp(
             runtime_address, token, insecure=True, parent_pid=os.getppid(), runtime_dependency_install=False

@@ -1,7 +1,7 @@
 """A device's ClientApp launcher: import once, fork a child per round.
 
 The client of FetchSGD (Rothchild et al., ICML 2020) does milliseconds of work a
-round: one gradient and one Count Sketch. Flower 1.41's SuperNode, in its
+round: one gradient and one Count Sketch. Flower's SuperNode (1.41, 1.42), in its
 default ``--isolation subprocess``, starts ``flower-superexec``, which launches
 a fresh ``flwr-clientapp`` process for every message; each one imports torch and
 Flower again (6.3 s and 700 MiB of a 9 s, 800 MiB round on a 2-core CPU).

@@ -1,6 +1,6 @@
 """Flower's simulation runtime with the ClientApp run in the simulation process itself, instead of Ray actors.
 
-Flower 1.41's simulation engine (``flwr/server/superlink/fleet/vce/vce_api.py``)
+Flower's simulation engine (1.41 and 1.42; ``flwr/server/superlink/fleet/vce/vce_api.py``)
 routes every message through its link state to worker threads, each of which
 hands a message and its node's ``Context`` to a :class:`Backend`
 (``backend.py``: ``build``, ``num_workers``, ``process_message``,
@@ -51,11 +51,11 @@ from clients import SIM_BACKEND_ENV
 from clients.messages import delivered
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
-"""Where Flower 1.41's ``start_vce`` imports its backend from."""
+"""Where Flower's ``start_vce`` (1.41, 1.42) imports its backend from."""
 PICKUP_S_PER_NODE = 0.005
 """The pick-up loop's wait per node: each look asks the link state once per node (2 nodes: a look every 10 ms)."""
 FLOWER_PICKUP_S = 0.1
-"""Flower 1.41's wait in ``add_messages_to_queue``, never exceeded."""
+"""Flower's wait in ``add_messages_to_queue`` (1.41, 1.42), never exceeded."""
 PICKUP_PARAMETERS = ["state", "queue", "nodes_mapping", "f_stop"]
 
 
@@ -134,7 +134,7 @@ def pickup_wait(nodes: int) -> float:
 def add_messages_to_queue(
     state: Any, queue: Queue[Any], nodes_mapping: Mapping[int, int], f_stop: threading.Event
 ) -> None:
-    """Flower 1.41's ``vce_api.add_messages_to_queue``, looking every :func:`pickup_wait` seconds instead of 0.1 s.
+    """Flower's ``vce_api.add_messages_to_queue`` (1.41, 1.42), looking every :func:`pickup_wait` seconds instead of 0.1 s.
 
     Each look takes at most one undelivered message per node from the link
     state and queues it for the workers, as Flower's loop does; it stops when

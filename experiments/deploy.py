@@ -195,7 +195,7 @@ class LocalFederation:
     def restart_supernodes(self) -> None:
         """Stop every SuperNode, wait until the SuperLink has dropped them, start them again and wait for them.
 
-        Flower 1.41's SuperNode, once it has pulled a message, waits for the
+        Flower's SuperNode (1.41, 1.42), once it has pulled a message, waits for the
         reply before it pulls again, with no timeout (``_push_messages``): one
         that pulled a message of a run stopped mid-round never serves another.
         """

@@ -1,7 +1,7 @@
 """Run one fedsketch run through Flower's simulation runtime, and clean up.
 
 ``flwr run`` with the default ``local`` connection starts a detached SuperLink
-on fixed ports that outlives the run (see NOTES on Flower 1.41). Instead, each
+on fixed ports that outlives the run (Flower 1.41 and 1.42). Instead, each
 run here gets its own ``FLWR_HOME``, its own SuperLink on a free loopback port
 started in its own process group, and a connection in ``config.toml`` that
 points at it; when the run ends (or fails, or is interrupted) the whole process

@@ -1,6 +1,6 @@
 """Certificates and SuperNode keys for a Flower deployment, made with ``cryptography``.
 
-Flower's deployment runtime (SuperLink and SuperNodes, Flower 1.41) secures its
+Flower's deployment runtime (SuperLink and SuperNodes, Flower 1.41 and 1.42) secures its
 one HTTP endpoint with TLS: the SuperLink presents a server certificate signed
 by a CA that every SuperNode and every ``flwr`` command trusts. The server
 certificate must name every address clients dial as a subjectAltName (an

@@ -47,6 +47,12 @@ def start_time(pid: int) -> int | None:
     return None if fields is None or fields[0] == "Z" else int(fields[19])
 
 
+def parent(pid: int) -> int | None:
+    """``pid``'s parent pid; ``None`` if it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
+
+
 def descendants(roots: set[int]) -> set[int]:
     """Every process below ``roots`` (by parent pid), roots excluded."""
     parents: dict[int, int] = {}

@@ -1,6 +1,6 @@
 """Stopping ``fedsketch run`` / ``deploy``, and every process it started.
 
-Flower 1.41 detaches ``flower-superexec``, and through it the simulation
+Flower 1.41 and 1.42 detach ``flower-superexec``, and through it the simulation
 process and Ray (``gcs_server``, ``raylet``, its agents, the ``ClientAppActor``
 workers), into sessions of their own, so a process group does not reach them.
 Every process a command starts inherits one token in its environment

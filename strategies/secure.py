@@ -1,13 +1,13 @@
 """SecAgg+ for the methods whose uploads add up: the server learns only their sum.
 
 Bell, Bonawitz, Gascon, Lepoint and Raykova, "Secure Single-Server Aggregation
-with (Poly)Logarithmic Overhead", CCS 2020, as Flower 1.41 implements it:
+with (Poly)Logarithmic Overhead", CCS 2020, as Flower 1.41 and 1.42 implement it:
 ``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the clients.
 FetchSGD composes with it because a Count Sketch is linear: the sum of the
 clients' tables is the table of the sum of their updates, and momentum, error
 feedback and top-k on the server need nothing else.
 
-Flower 1.41 offers SecAgg+ to its legacy strategies only: the workflow asks a
+Flower 1.41 and 1.42 offer SecAgg+ to their legacy strategies only: the workflow asks a
 ``flwr.server.strategy.Strategy`` for one ``FitIns`` per node through a
 ``LegacyContext``, runs the four stages (keys, shares, masked uploads, unmask)
 and hands the unmasked weighted mean to the strategy's ``aggregate_fit``.

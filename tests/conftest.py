@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,8 @@ FLOWER_PROCESSES = "flower-superlink|flower-superexec|flower-supernode|flwr-clie
 # Every process this test session starts inherits this variable, so the check
 # below sees only our own processes, never those of other work on the machine.
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
+LEFTOVER_GRACE_S = 10.0
+"""How long a process found at the end of a test may take to exit by itself before it counts as left behind."""
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
 # Commands started by tests record their tokens here, not in the user's state folder (experiments/stopping.py).
 os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
@@ -25,9 +28,12 @@ os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-
 def flower_pids(since: float | None = None) -> set[int]:
     """PIDs of Flower/Ray processes that this test session started, running now.
 
-    With ``since`` (seconds since boot), also those started since then that no
-    longer show any environment of this session's: a Ray process that renames
-    itself can overwrite what ``/proc`` shows of its environment.
+    With ``since`` (seconds since boot), also those started since then whose
+    environment no longer reads as one, if the nearest process above them that
+    still shows one is this session's (or none does): a Ray process that
+    renames itself can overwrite what ``/proc`` shows of its environment. A
+    process whose environment reads as one and lacks the tag belongs to other
+    work on the machine, whenever it started.
     """
     out = subprocess.run(["pgrep", "-f", FLOWER_PROCESSES], capture_output=True, text=True, check=False)
     return {pid for pid in map(int, out.stdout.split()) if _ours(pid) or _renamed_since(pid, since)}
@@ -39,51 +45,50 @@ def uptime_s() -> float:
 
 
 def _renamed_since(pid: int, since: float | None) -> bool:
-    """Started since ``since``, showing no session tag, and below a process of this session.
-
-    A Ray process that renames itself can overwrite what ``/proc`` shows of its
-    environment; its parent (the raylet) still shows ours. Another session's
-    processes, renamed or not, are never below one of ours.
-    """
     if since is None or not Path("/proc").is_dir():
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
+    env = _environ(pid)
+    if started is None or env is None or _reads_as_environment(env) or started / os.sysconf("SC_CLK_TCK") < since:
+        return False
+    return _owner_is_ours(pid) is not False
+
+
+def _environ(pid: int) -> list[bytes] | None:
+    """``/proc/PID/environ``'s entries, or None when it is gone or not ours to read."""
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes()
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    if started is None or SESSION_TAG.encode() in env or started / os.sysconf("SC_CLK_TCK") < since:
-        return False
-    return _below_ours(pid)
+        return None
 
 
-def _below_ours(pid: int) -> bool:
-    """Whether an ancestor of ``pid`` (short of init) is this process or carries this session's tag."""
-    parent = _parent(pid)
-    while parent > 1:
-        if parent == os.getpid() or _ours(parent):
-            return True
-        parent = _parent(parent)
-    return False
+def _reads_as_environment(env: list[bytes]) -> bool:
+    """Whether every entry is ``KEY=VALUE`` (a process that wrote its new name over it leaves other bytes)."""
+    entries = env[:-1] if env and not env[-1] else env
+    return all(b"=" in entry for entry in entries)
 
 
-def _parent(pid: int) -> int:
-    """The parent pid of ``pid`` (0 when it is gone)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+def _owner_is_ours(pid: int) -> bool | None:
+    """Whether the nearest process above ``pid`` whose environment reads as one is this session's; None if none is."""
+    parent = procs.parent(pid)
+    while parent is not None and parent > 1:
+        env = _environ(parent)
+        if env is not None and _reads_as_environment(env):
+            return _tag() in env
+        parent = procs.parent(parent)
+    return None  # orphaned (adopted by init): nothing above it tells whose it was
+
+
+def _tag() -> bytes:
+    return f"{SESSION_TAG}={os.environ[SESSION_TAG]}".encode()
 
 
 def _ours(pid: int) -> bool:
     """Whether ``pid`` carries this session's tag (always true where /proc is missing)."""
     if not Path("/proc").is_dir():
         return True
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone already, or not ours to read
-        return False
-    return f"{SESSION_TAG}={os.environ[SESSION_TAG]}".encode() in env
+    env = _environ(pid)  # None: gone already, or not ours to read
+    return env is not None and _tag() in env
 
 
 @pytest.fixture
@@ -92,6 +97,10 @@ def no_leftover_processes() -> Iterator[None]:
     since, before = uptime_s(), flower_pids()
     yield
     left = flower_pids(since) - before
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while left and time.monotonic() < deadline:  # Ray's agents exit on their own soon after their raylet
+        time.sleep(0.2)
+        left = {pid for pid in left if procs.start_time(pid) is not None}
     for pid in left:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left, f"processes left behind: {sorted(left)}"

@@ -112,7 +112,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
 ) -> None:
     """Round 2 completes without the node that died holding its message; the node comes back later.
 
-    Flower 1.41 keeps a node that died without saying goodbye "online" until its
+    Flower 1.41 and 1.42 keep a node that died without saying goodbye "online" until its
     heartbeat lapses (up to 2 x 30 s) and refuses to activate it again before
     that: the restarted ``flower-supernode`` gives up (Flower's exit code 305). A supervisor
     restarts it, as the systemd unit of the deployment kit does (``Restart=always``).

@@ -63,7 +63,9 @@ def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_dev
                            "--set", "num-rounds=7"]) == 0  # fmt: skip
     admin = tmp_path / "kit" / "admin"
     deployed = runner.load_experiment(runner.DEFAULT_CONFIG, {**node_settings(3), "num-rounds": 7}).runs
-    for name, run in (("run_config.toml", deployed[0]), ("run_config.fedavg.toml", deployed[1])):
+    assert [run.strategy for run in deployed] == ["fetchsgd", "local_topk", "fedavg"]
+    names = ["run_config.toml", *(f"run_config.{run.strategy}.toml" for run in deployed[1:])]
+    for name, run in zip(names, deployed, strict=True):
         settings = tomllib.loads((admin / name).read_text())
         assert settings == {**run.to_mapping(), "experiment": "default-kit", "out-dir": "runs"}
     settings = tomllib.loads((admin / "run_config.toml").read_text())

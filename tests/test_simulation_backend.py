@@ -132,7 +132,7 @@ def test_install_answers_flowers_import_only_when_the_launcher_asks(monkeypatch:
 
 
 def test_start_vce_still_builds_its_backend_from_the_module_install_replaces() -> None:
-    """Flower 1.41's engine imports ``RayBackend`` from ``RAY_MODULE`` when it builds the backend; if a new
+    """Flower's engine (1.41, 1.42) imports ``RayBackend`` from ``RAY_MODULE`` when it builds the backend; if a new
     Flower moves that, this fails rather than the in-process backend silently falling back to Ray."""
     import inspect
 
