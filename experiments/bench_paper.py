@@ -133,7 +133,7 @@ def row(name: str, result: dict[str, float], clients: int, loop_round_s: float, 
     mean = result["mean_round_s"]
     projected = result["first_round_s"] + (PAPER_ROUNDS - 1) * mean
     gpu = f"{gpu_mb:,.0f} MB" if gpu_mb is not None else ""
-    return (f"| {name} | {mean:.3f} | {clients / mean:,.0f} | {mean / loop_round_s:.2f} | "
+    return (f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {mean / loop_round_s:.2f} | "
             f"{result['first_round_s']:.1f} s | {projected / 60:.1f} min | {gpu} |")  # fmt: skip
 
 
@@ -184,6 +184,11 @@ def _gpu_name() -> str:
         [tool, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False
     )
     return done.stdout.strip().replace("\n", ", ")
+
+
+def _rate(per_s: float) -> str:
+    """Clients a second: whole numbers, and two decimals below 10 (a slow round must not print as 0)."""
+    return f"{per_s:,.0f}" if per_s >= 10 else f"{per_s:.2f}"
 
 
 if __name__ == "__main__":
