@@ -1,6 +1,6 @@
 """The ``fedsketch`` command.
 
-    fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b]
+    fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--no-plan]
     fedsketch plan [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--supernodes N]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
@@ -8,8 +8,10 @@
     fedsketch deploy --kit DIR --server HOST [--supernodes N] [--port P]
 
 ``run`` with no CONFIG runs the embedded default (experiments/configs/default.toml):
-FetchSGD against uncompressed training on generated data, through Flower's
-simulation runtime, then draws the plots and writes the report. An experiment
+FetchSGD against local top-k and uncompressed training on generated data,
+through Flower's simulation runtime, then draws the plots and writes the
+report. ``run`` and ``plan`` first check every run's data and model
+(experiments/preflight.py); the Python API is experiments/api.py. An experiment
 file's ``[sweep]`` table runs each strategy at every point of a grid of
 compression settings (see experiments/sweep.py).
 
