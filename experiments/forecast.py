@@ -10,7 +10,7 @@ what a client uploads depends on its data
 (its example count travels in its reply; Gaussian-k's count of values), and only the real round
 knows it. The run's totals are that round times the number of rounds: an estimate, as later
 rounds sample other clients and carry their own round number. Beside the bytes: the model's size
-(:func:`experiments.preflight.model_size`), FetchSGD's sketch columns per k against the regime map
+(as the round's own strategy built it), FetchSGD's sketch columns per k against the regime map
 (docs/regime.md), and the clients' kept state (:func:`fedsketch.validate.client_state_bytes`).
 """
 
@@ -136,11 +136,9 @@ def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
 
 
 def forecast_run(cfg: RunConfig, nodes: int = 2) -> RunForecast:
-    """One run's forecast; ``d`` from :func:`experiments.preflight.model_size` where it knows the model."""
-    from experiments.preflight import model_size
-
+    """One run's forecast; ``d`` is the model the round's strategy built (the run's own model, user-built too)."""
     first = first_round(cfg, nodes)
-    return RunForecast(cfg, model_size(cfg) or first.d, first)
+    return RunForecast(cfg, first.d, first)
 
 
 def forecast(runs: Sequence[RunConfig], nodes: int = 2) -> tuple[list[RunForecast], float]:
