@@ -34,7 +34,9 @@ from experiments.equal_bytes import Comparison, compare
 from experiments.plots import BytesFormatter, BytesLocator, curve
 from experiments.results import RunGroup, Spread, collect_groups, format_bytes
 
-CELL = re.compile(r"participation-(?P<model>[a-z0-9_]+)-p(?P<times>\d+)")
+CELL = re.compile(r"participation-(?P<model>[a-z0-9_]+)-p(?P<times>\d+)(?:-(?P<variant>[a-z0-9]+))?")
+VARIANTS = {"init": "downloads from the initial model"}
+"""What a cell's name suffix means (``participation-text-p1-init``: ``download-from-init`` on)."""
 NAMES = {
     "fetchsgd": "FetchSGD",
     "local_topk errorclient": "local top-k, client error",
@@ -53,6 +55,12 @@ class Cell:
     times: int
     comparison: Comparison
     groups: tuple[RunGroup, ...]
+    variant: str = ""
+
+    @property
+    def row(self) -> str:
+        """The model, and the variant when there is one: ``text, downloads from the initial model``."""
+        return f"{self.model}, {VARIANTS.get(self.variant, self.variant)}" if self.variant else self.model
 
 
 def collect(root: Path) -> list[Cell]:
@@ -68,10 +76,11 @@ def collect(root: Path) -> list[Cell]:
         match = CELL.fullmatch(folder.name)
         if match and folder.is_dir():
             groups = tuple(collect_groups(folder))
-            cells.append(Cell(match["model"], int(match["times"]), compare(groups, NAMES), groups))
+            variant = match["variant"] or ""
+            cells.append(Cell(match["model"], int(match["times"]), compare(groups, NAMES), groups, variant))
     if not cells:
         raise FileNotFoundError(f"no participation-<model>-p<times> experiment under {root}")
-    return sorted(cells, key=lambda c: (c.model, c.times))
+    return sorted(cells, key=lambda c: (c.model, c.variant, c.times))
 
 
 def _spread(s: Spread, fmt: str = ".4f") -> str:
@@ -90,7 +99,7 @@ def table(cells: Sequence[Cell]) -> str:
         for e in c.comparison.entries:
             reach = format_bytes(e.to_target.mean) if e.to_target else "not reached"
             lines.append(
-                f"| {c.model} | ~{c.times}x | {e.name} | {e.seeds} | {_spread(e.final)} | {format_bytes(e.total.mean)} "
+                f"| {c.row} | ~{c.times}x | {e.name} | {e.seeds} | {_spread(e.final)} | {format_bytes(e.total.mean)} "
                 f"| {_spread(e.at_budget)} | {reach} |"
             )
     lines += [
@@ -103,7 +112,7 @@ def table(cells: Sequence[Cell]) -> str:
         best, fastest = cmp.best_at_budget(), cmp.fewest_to_target()
         margin = "" if cmp.separated() else " (seed bands overlap)"
         lines.append(
-            f"| {c.model} | ~{c.times}x | {format_bytes(cmp.budget)} | {cmp.target:.4f} | {best.name}{margin} "
+            f"| {c.row} | ~{c.times}x | {format_bytes(cmp.budget)} | {cmp.target:.4f} | {best.name}{margin} "
             f"| {fastest.name if fastest else 'none'} |"
         )
     return "\n".join(lines)
@@ -111,12 +120,12 @@ def table(cells: Sequence[Cell]) -> str:
 
 def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
     """One panel per cell (models as rows, participation as columns): accuracy against total bytes."""
-    models = sorted({c.model for c in cells})
+    models = sorted({c.row for c in cells})
     times = sorted({c.times for c in cells})
     fig, axes = plt.subplots(len(models), len(times), figsize=(4.2 * len(times), 3.4 * len(models)), squeeze=False)
     colours = {name: f"C{i}" for i, name in enumerate(NAMES.values())}
     for c in cells:
-        ax = axes[models.index(c.model)][times.index(c.times)]
+        ax = axes[models.index(c.row)][times.index(c.times)]
         for g, e in zip(c.groups, c.comparison.entries, strict=True):
             line = curve(g, "total_bytes")
             colour = colours.setdefault(e.name, f"C{len(colours)}")
@@ -127,7 +136,7 @@ def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
         ax.xaxis.set_major_locator(BytesLocator())
         ax.xaxis.set_major_formatter(BytesFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(f"{c.model}, each client ~{c.times}x", fontsize="medium")
+        ax.set_title(f"{c.row}, each client ~{c.times}x", fontsize="small")
         ax.grid(True, alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("upload + download bytes")

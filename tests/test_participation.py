@@ -36,3 +36,14 @@ def test_table_and_figure(runs: Path, tmp_path: Path) -> None:
 def test_cli_without_cells_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert participation.main([str(tmp_path)]) == 2
     assert "no participation-<model>-p<times> experiment" in capsys.readouterr().err
+
+
+def test_a_variant_cell_is_its_own_row(runs: Path) -> None:
+    two_methods(runs / "participation-text-p1-init")
+    cells = participation.collect(runs)
+    assert [(c.row, c.times) for c in cells] == [
+        ("text", 1),
+        ("text", 25),
+        ("text, downloads from the initial model", 1),
+    ]
+    assert "| text, downloads from the initial model | ~1x | FetchSGD |" in participation.table(cells)
