@@ -107,7 +107,8 @@ def _train(
 ) -> tuple[list[ClientOutcome], dict[str, int]]:
     """A first exchange: the model (kept and caught up, on a device with sparse downloads), then the cohort."""
     try:
-        weights = kept_model.weights_for(request, context)
+        initial = (lambda: kept_model.initial_weights(cfg)) if cfg.download_from_init else None
+        weights = kept_model.weights_for(request, context, initial)
     except ValueError as exc:
         return [ClientOutcome(job.cid, None, error=str(exc)) for job in jobs], echo
     if cfg.download == "sparse" and cfg.client_assignment == "node":

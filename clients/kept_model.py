@@ -6,22 +6,33 @@ it the new values of every coordinate changed since the round it last synced
 (:func:`fedsketch.download.catch_up`) instead of the whole model, and bills it
 exactly that message. The device echoes the CRC-32 of the model it trained on
 and the server rejects a mismatch, so a catch-up that went wrong costs one
-round of that client, never a wrong update.
+round of that client, never a wrong update. With ``download-from-init`` a
+device that never took part rebuilds the initial model from the run's seed and
+is sent what changed since round 1, which it applies to that rebuilt model. A
+device whose build differs (another torch on another platform) fails the CRC
+check each time it is sampled as a newcomer (the server logs both CRCs): every
+device must build the same initial model, or the run must leave the setting off.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
 from clients.messages import Request, typed_record
-from fedsketch.download import apply_catch_up
+from fedsketch.config import RunConfig
+from fedsketch.download import INITIAL, apply_catch_up
+from fedsketch.flat import get_flat
+from fedsketch.task import load_data, make_model
 
 KEPT = "kept-model"
 
 
-def weights_for(request: Request, context: Context) -> np.ndarray:
-    """This round's model: as sent, or the kept one caught up.
+def weights_for(request: Request, context: Context, initial: Callable[[], np.ndarray] | None = None) -> np.ndarray:
+    """This round's model: as sent, or the kept one (or, from round 1, ``initial()``) caught up.
 
     Raises
     ------
@@ -34,6 +45,8 @@ def weights_for(request: Request, context: Context) -> np.ndarray:
         if request.weights is None:
             raise ValueError("request carries neither the model nor a catch-up")
         return request.weights
+    if initial is not None and request.base_round == INITIAL:  # the rebuilt initial model, never a kept one
+        return apply_catch_up(initial(), request.catch_up)
     record = typed_record(context.state, KEPT, ArrayRecord)
     if record is None:
         raise ValueError("no kept model to catch up from (the device lost its state); the whole model comes next")
@@ -51,3 +64,11 @@ def keep(context: Context, weights: np.ndarray, server_round: int) -> None:
     context.state[KEPT] = ArrayRecord(
         {"w": Array(np.ascontiguousarray(weights, np.float32)), "round": Array(round_tag)}
     )
+
+
+@lru_cache(maxsize=2)
+def initial_weights(cfg: RunConfig) -> np.ndarray:
+    """The run's initial model, flat float32, built from its seed as the server builds it (once per process)."""
+    weights = get_flat(make_model(cfg, load_data(cfg))).detach().cpu().numpy().astype(np.float32)
+    weights.setflags(write=False)
+    return weights

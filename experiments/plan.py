@@ -170,5 +170,6 @@ def _plot_and_report(exp_dir: Path) -> None:
         return
     for plot in plot_experiment(exp_dir):
         print(f"plot: {plot.path}")
-    write_report(exp_dir)
+    report, _ = write_report(exp_dir)
     print(f"report: {exp_dir / 'report.md'}")
+    print(f"verdict: {report.verdict}")

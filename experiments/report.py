@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.equal_bytes import compare
 from experiments.results import (
     Spread,
     Summary,
@@ -70,6 +71,8 @@ class Report:
     rows: tuple[ReportRow, ...]
     front: tuple[str, ...]
     """Labels of the Pareto front (final accuracy vs total upload bytes), by increasing bytes."""
+    verdict: str
+    """Who leads at equal total bytes, in one sentence (:meth:`experiments.equal_bytes.Comparison.sentence`)."""
 
 
 def reach(summary: Summary, target: float) -> Reach:
@@ -94,7 +97,8 @@ def build_report(experiment_dir: Path, targets: Sequence[float] = ()) -> Report:
     bad = [t for t in targets if not 0.0 < t <= 1.0]
     if bad:
         raise ValueError(f"target accuracies must be in (0, 1], got {bad}")
-    summaries = [summarize(g) for g in collect_groups(experiment_dir)]
+    groups = collect_groups(experiment_dir)
+    summaries = [summarize(g) for g in groups]
     best = max(summaries, key=lambda s: s.accuracy.mean)
     if targets:
         note = "given on the command line"
@@ -117,7 +121,8 @@ def build_report(experiment_dir: Path, targets: Sequence[float] = ()) -> Report:
     )
     labels = tuple(summaries[i].group.label for i in front)
     reference = refs[0].group.label if refs else None
-    return Report(experiment_dir.name, tuple(targets), note, reference, rows, labels)
+    verdict = compare(groups).sentence()
+    return Report(experiment_dir.name, tuple(targets), note, reference, rows, labels, verdict)
 
 
 def write_report(experiment_dir: Path, targets: Sequence[float] = ()) -> tuple[Report, str]:
@@ -142,6 +147,7 @@ def to_markdown(report: Report) -> str:
     if stopped:
         lines += ["", "## Stopped before their last round", ""]
         lines += ["Their rows above are from the last round they reached.", "", *stopped]
+    lines += ["", "## At equal total bytes", "", report.verdict]
     lines += ["", "## Pareto front: final accuracy vs total upload bytes", ""]
     lines += ["No other run group has at least its accuracy for at most its upload bytes (and is better in one).", ""]
     on_front = {row.summary.group.label: row.summary for row in report.rows if row.on_front}

@@ -87,6 +87,7 @@ class RunConfig:
     max_client_state_mb: int = _s("max-client-state-mb")
     client_state: str = _s("client-state")
     download: str = _s("download")
+    download_from_init: bool = _s("download-from-init")
     download_k: int = _s("download-k")
     # --- runtime
     client_assignment: str = _s("client-assignment")

@@ -7,7 +7,11 @@ count exactly that (Sec. 6). The same holds for every method here: whatever
 the update's density, a client is sent the changed coordinates' *new values*
 (overwriting, so the result is bit-exact) in the smallest sparse encoding of
 :mod:`fedsketch.compress.sparse`, or the dense model when that is smaller or
-the client has never taken part.
+the client has never taken part. With ``download-from-init`` a client that
+has never taken part rebuilds the initial model from the run's seed (every
+client builds the same model to train it), so it counts as synced to round 1
+and is sent only the coordinates changed since: where clients rarely return,
+this is most of what a sparse update saves on the download.
 
 The server keeps one ``int32`` per coordinate (the last round that changed
 it, ``4 d`` bytes) and one round number per client that has taken part; a
@@ -62,14 +66,34 @@ def record_update(ledger: DownloadLedger, server_round: int, before: torch.Tenso
     return int(changed.sum())
 
 
-def catch_up(ledger: DownloadLedger, cid: int, server_round: int, weights: torch.Tensor) -> Payload | None:
+INITIAL = 1
+"""The sync point of a client holding the initial model: the model sent in round 1."""
+FORGOTTEN = 0
+"""The sync point of a client that failed since it last synced: it holds nothing to rely on."""
+
+
+def base_round(ledger: DownloadLedger, cid: int | None, from_init: bool) -> int | None:
+    """The round whose model client ``cid`` holds; ``None`` if it holds none (it needs the dense model).
+
+    A client never synced holds the initial model when ``from_init`` (it rebuilds
+    it from the seed). A client that failed holds nothing to rely on (:func:`forget`).
+    """
+    since = ledger.synced.get(cid) if cid is not None else None
+    if since is None:
+        return INITIAL if from_init else None
+    return None if since == FORGOTTEN else since
+
+
+def catch_up(
+    ledger: DownloadLedger, cid: int | None, server_round: int, weights: torch.Tensor, from_init: bool = False
+) -> Payload | None:
     """The sparse payload that brings client ``cid`` to the weights sent in ``server_round``.
 
-    ``None`` when the client has never synced (it needs the dense model).
-    Coordinates changed in rounds ``synced[cid]`` to ``server_round - 1`` are
-    sent with their current values.
+    ``None`` when the client holds no model (:func:`base_round`): it needs the
+    dense one. Coordinates changed in rounds ``base_round`` to
+    ``server_round - 1`` are sent with their current values.
     """
-    since = ledger.synced.get(cid)
+    since = base_round(ledger, cid, from_init)
     if since is None:
         return None
     idx = torch.nonzero(ledger.changed_at >= since).flatten()
@@ -86,9 +110,12 @@ def apply_catch_up(weights: np.ndarray, payload: Payload) -> np.ndarray:
 
 
 def forget(ledger: DownloadLedger, cids: list[int]) -> None:
-    """These clients may not hold what they were sent (they failed): their next download is dense."""
+    """These clients may not hold what they were sent (they failed): their next download is dense.
+
+    Also with ``from_init``: a client whose reply failed may be one that cannot rebuild the initial model.
+    """
     for cid in cids:
-        ledger.synced.pop(int(cid), None)
+        ledger.synced[int(cid)] = FORGOTTEN
 
 
 def mark_synced(ledger: DownloadLedger, cids: list[int], server_round: int) -> None:

@@ -165,6 +165,11 @@ def _download(cfg: RunConfig, method: Method) -> None:
             f"{cfg.strategy!r}, whose server update is "
             + ("already k-sparse (setting 'k')" if method.reads("k") else "dense by definition")
         )
+    if cfg.download_from_init and cfg.download != "sparse":
+        raise ConfigError(
+            f"setting 'download-from-init' needs 'download' = 'sparse' (a catch-up from the initial model); "
+            f"got 'download' = {cfg.download!r}"
+        )
     if cfg.download == "sparse" and cfg.secure_aggregation:
         raise ConfigError(
             "settings 'download' = 'sparse' and 'secure-aggregation' are not combined: the SecAgg+ round sends "

@@ -4,7 +4,8 @@ Every byte is a serialized record's (:func:`clients.messages.wire_bytes`). In
 simulation a Flower node carries a cohort of logical clients in one message;
 each client is charged what a message to it alone would carry: the model (or,
 with ``download = "sparse"``, the smaller of the model and its catch-up payload,
-:mod:`fedsketch.download`), the round's config with its own id, and any arrays
+:mod:`fedsketch.download`, from the initial model for a new client with
+``download-from-init``), the round's config with its own id, and any arrays
 sent to it alone. With one client per node (deployment) every message is one
 client's, and it is charged the message itself: a device that kept its model
 is sent, and charged, only its catch-up. A second exchange (Sketched-SGD's
@@ -38,7 +39,7 @@ def count_download(
         books.add("download", (dense + config_bytes) * plan.sampled())
         return
     for cid in cids:
-        payload = download.catch_up(books.ledger, cid, plan.server_round, weights)
+        payload = download.catch_up(books.ledger, cid, plan.server_round, weights, cfg.download_from_init)
         sparse = messages.wire_bytes(messages.payload_to_record(payload)) if payload is not None else dense + 1
         books.add("download", min(dense, sparse) + config_bytes)
         books.add("sparse_downloads", int(sparse < dense))
@@ -55,10 +56,10 @@ def node_request(
 ) -> RecordDict:  # fmt: skip
     """One client per node: its message, the model or (a device that kept it) the smaller catch-up, billed as sent."""
     cid = books.node_cid.get(node)
-    since = books.ledger.synced.get(cid) if cfg.download == "sparse" and cid is not None else None
+    since = download.base_round(books.ledger, cid, cfg.download_from_init) if cfg.download == "sparse" else None
     content = messages.train_request(model, config, [], extras)
-    if since is not None and cid is not None:
-        payload = download.catch_up(books.ledger, cid, plan.server_round, weights)
+    if since is not None:
+        payload = download.catch_up(books.ledger, cid, plan.server_round, weights, cfg.download_from_init)
         caught_up = messages.train_request(
             messages.payload_to_record(payload or {}),
             {**config, wire.BASE_ROUND: since},

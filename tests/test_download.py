@@ -159,12 +159,14 @@ DEVICES = {**SETTINGS, "client-assignment": "node", "num-clients": 4, "clients-p
            "eval-every": 1}  # fmt: skip
 
 
-def _devices(download_mode: str, deliver: Any = None) -> tuple[Any, list[dict[str, Any]], InProcessGrid]:
+def _devices(
+    download_mode: str, deliver: Any = None, from_init: bool = False
+) -> tuple[Any, list[dict[str, Any]], InProcessGrid]:
     """Four devices, two a round (each skips rounds), one client each: the strategy, its rows and the grid.
 
     ``deliver(grid, message)``, if given, may change a request as its device receives it.
     """
-    cfg = RunConfig.from_mapping({**DEVICES, "download": download_mode})
+    cfg = RunConfig.from_mapping({**DEVICES, "download": download_mode, "download-from-init": from_init})
     grid = InProcessGrid(cfg.to_mapping(), num_nodes=4)
     if deliver is not None:
         grid.deliver = lambda msg: deliver(grid, msg)
@@ -212,3 +214,83 @@ def test_a_device_that_trained_on_another_model_is_rejected() -> None:
 
     _, rows, _ = _devices("sparse", deliver=bend)
     assert bent and sum(r["rejected"] for r in rows) == 1 and sum(r["client_errors"] for r in rows) == 0
+
+
+def test_from_init_a_new_client_is_sent_what_changed_since_round_one_and_a_failed_one_the_whole_model() -> None:
+    ledger = download.new_ledger(10)
+    w0 = torch.zeros(10)
+    assert download.catch_up(ledger, 4, 1, w0) is None  # without from_init a newcomer needs the dense model
+    first = download.catch_up(ledger, 4, 1, w0, from_init=True)
+    assert first is not None and decode_sparse_pairs(first, 10)[0].tolist() == []  # round 1 sends the initial model
+    w1 = w0.clone()
+    w1[[1, 6]] = 3.0
+    download.record_update(ledger, 1, w0, w1)
+    download.mark_synced(ledger, [5], 2)
+    w2 = w1.clone()
+    w2[8] = 4.0
+    download.record_update(ledger, 2, w1, w2)
+    new = download.catch_up(ledger, 4, 3, w2, from_init=True)
+    assert new is not None
+    idx, val = decode_sparse_pairs(new, 10)
+    assert idx.tolist() == [1, 6, 8] and val.tolist() == [3.0, 3.0, 4.0]
+    np.testing.assert_array_equal(download.apply_catch_up(w0.numpy(), new), w2.numpy())
+    returning = download.catch_up(ledger, 5, 3, w2, from_init=True)
+    assert returning is not None and decode_sparse_pairs(returning, 10)[0].tolist() == [8]
+    download.forget(ledger, [4, 5])
+    assert download.catch_up(ledger, 4, 3, w2, from_init=True) is None  # it may hold nothing: the dense model
+    assert download.catch_up(ledger, 5, 3, w2, from_init=True) is None
+    download.mark_synced(ledger, [5], 3)
+    assert download.base_round(ledger, 5, True) == 3
+
+
+def test_from_init_charges_a_newcomer_its_catch_up_from_the_initial_model(tmp_path: Path) -> None:
+    sparse_rows, _ = _run(tmp_path, "sparse")
+    rows, sent = _run(tmp_path, "sparse", {"download-from-init": True}, name="init")
+    assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in sparse_rows]  # accounting only
+    initial = sent[0][1]  # round 1's model is the initial one
+    last_model: dict[int, np.ndarray] = {}
+    expected = 0
+    for conf, model, cids in sent:
+        config_bytes = wire_bytes(ConfigRecord({**conf, wire.CIDS: [0]}))
+        dense = wire_bytes(payload_to_record({wire.WEIGHTS: model}))
+        for cid in cids:
+            idx = np.flatnonzero(last_model.get(cid, initial) != model)
+            cost = wire_bytes(payload_to_record(encode_sparse(idx, model[idx], model.size)))
+            expected += min(cost, dense) + config_bytes
+            last_model[cid] = model
+    assert rows[-1]["cum_download_bytes"] == expected
+    assert rows[-1]["cum_download_bytes"] < sparse_rows[-1]["cum_download_bytes"]
+
+
+def test_from_init_a_new_device_rebuilds_the_initial_model_and_trains_on_the_very_same_model() -> None:
+    init, rows, _ = _devices("sparse", from_init=True)
+    dense, _, _ = _devices("dense")
+    assert torch.equal(init.weights, dense.weights)
+    assert sum(r["rejected"] + r["client_errors"] for r in rows) == 0
+    assert sum(r["sparse_downloads"] for r in rows) == sum(r["clients"] for r in rows)  # every download a catch-up
+    assert rows[-1]["cum_download_bytes"] == rows[-1]["cum_download_sent_bytes"]
+
+
+def test_from_init_a_device_with_another_initial_model_is_rejected_once_then_gets_the_whole_model() -> None:
+    bent: list[int] = []
+
+    def bend(grid: InProcessGrid, msg: Message) -> Message:
+        if int(msg.content.config_records[wire.CONFIG_KEY].get(wire.BASE_ROUND, 0)) == download.INITIAL and not bent:
+            record = msg.content.array_records[wire.CATCH_UP_KEY]  # the device's build differs at one coordinate
+            msg.content[wire.CATCH_UP_KEY] = ArrayRecord(
+                {
+                    **dict(record.items()),
+                    "idx": Array(np.array([0], np.int32)),
+                    "val": Array(np.array([9.0], np.float32)),
+                }
+            )
+            bent.append(msg.metadata.dst_node_id)
+        return msg
+
+    _, rows, _ = _devices("sparse", deliver=bend, from_init=True)
+    assert bent and sum(r["rejected"] for r in rows) == 1 and sum(r["client_errors"] for r in rows) == 0
+
+
+def test_from_init_needs_sparse_downloads() -> None:
+    with pytest.raises(ConfigError, match="'download-from-init' needs 'download' = 'sparse'"):
+        RunConfig.from_mapping({"download-from-init": True})

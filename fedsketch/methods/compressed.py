@@ -205,7 +205,7 @@ def _method(name: str, upload_desc: str, keeps: str, paper: str, **facts: object
 METHODS = (
     _method("local_topk", "own top-k, values and positions", "client: error, d floats; none: none",
             "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
-            settings=(LOCAL_TOPK_ERROR,), uses=("k", *COMMON), sweep={"k": "k"}),
+            settings=(LOCAL_TOPK_ERROR,), uses=("k", *COMMON), sweep={"k": "k", "local-topk-error": "error"}),
     _method("random_k", "k values at coordinates the round shares", "error, d floats", "Stich et al., NeurIPS 2018",
             uses=("k", *COMMON), sweep={"k": "k"}),
     _method("gaussiank", "values above a Gaussian-fit threshold", "error, d floats", "Shi et al., 2019",

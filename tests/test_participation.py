@@ -1,0 +1,38 @@
+"""The participation map's reader, table and figure (experiments/participation.py), on run folders written here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from run_folders import two_methods, write_seed
+
+from experiments import participation
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> Path:
+    two_methods(tmp_path / "participation-text-p1")
+    write_seed(tmp_path / "participation-text-p25" / "fedavg", "fedavg", 0, [(100, 100, 0.8)])
+    write_seed(tmp_path / "regime-mlp" / "fetchsgd", "fetchsgd", 0, [(1, 1, 0.1)])  # not a participation cell
+    return tmp_path
+
+
+def test_cells_are_found_by_name_and_ordered(runs: Path) -> None:
+    cells = participation.collect(runs)
+    assert [(c.model, c.times) for c in cells] == [("text", 1), ("text", 25)]
+    assert [e.name for e in cells[0].comparison.entries] == ["FetchSGD", "local top-k, stateless"]
+
+
+def test_table_and_figure(runs: Path, tmp_path: Path) -> None:
+    cells = participation.collect(runs)
+    text = participation.table(cells)
+    assert "| text | ~1x | FetchSGD | 2 | 0.9100 (0.9000-0.9200) | 300 MB | 0.3100 (0.3000-0.3200) | 300 MB |" in text
+    assert "| text | ~1x | 122 MB | 0.8190 | local top-k, stateless | FetchSGD |" in text
+    path = participation.draw(cells, tmp_path / "fig")
+    assert path.name == "participation.png" and path.stat().st_size > 10_000
+
+
+def test_cli_without_cells_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert participation.main([str(tmp_path)]) == 2
+    assert "no participation-<model>-p<times> experiment" in capsys.readouterr().err
