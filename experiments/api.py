@@ -35,6 +35,7 @@ import numpy as np
 from experiments import runner
 from experiments.launch import Federation
 from experiments.runner import Experiment
+from fedsketch.setting import ConfigError
 
 INPUTS = "_inputs"
 """The folder under the results folder that holds data objects and pickled builders handed to :func:`run`."""
@@ -81,8 +82,6 @@ def run(
     RunFailed
         A run stopped before its last round (its reason is in its ``flower.log``).
     """
-    from experiments.cli import _federation
-
     out = Path(out).resolve()
     overrides = {key.replace("_", "-"): value for key, value in settings.items()}
     if model is not None:
@@ -90,7 +89,7 @@ def run(
     if data is not None:
         overrides.update(data_settings(data, out))
     experiment = prepare(config, overrides, out, seeds, strategies)
-    code = execute(experiment, _federation(supernodes, None, backend), plot)
+    code = execute(experiment, federation(supernodes, None, backend), plot)
     if code in (130, 143):
         raise KeyboardInterrupt
     unfinished = [runner.describe(cfg) for cfg in experiment.runs if not runner.is_finished(cfg)]
@@ -118,10 +117,23 @@ def prepare(
     return experiment
 
 
+def federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
+    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.launch`)."""
+    import torch
+
+    from experiments.launch import cpus_per_node, default_backend, gpus_per_node
+
+    try:
+        share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
+        return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes),
+                          gpus_per_client=share, backend=backend or default_backend())  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:
     """Run a prepared experiment's runs in this process, print their outcomes; the command's exit code."""
-    from experiments.cli import run_plan
-    from experiments.plan import Plan
+    from experiments.plan import Plan, run_plan
 
     return run_plan(Plan.from_json(Plan.of(experiment.runs, fed, plot=plot).to_json()))
 

@@ -27,21 +27,14 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from experiments.plan import APP_DIR, RUN_PLAN
 from fedsketch.setting import ConfigError
 
 if TYPE_CHECKING:
-    from experiments.launch import Federation
-    from experiments.plan import Plan
-    from experiments.stopping import Invocation
     from fedsketch.runlog import RunSpec
-
-APP_DIR = Path(__file__).resolve().parent.parent
-RUN_PLAN = "run-plan"
-"""The internal command that runs what ``run`` validated (:func:`experiments.plan.exec_run_plan`)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,14 +98,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    federation = _federation(args.supernodes, args.gpus_per_node, args.backend)
+    federation = api.federation(args.supernodes, args.gpus_per_node, args.backend)
     validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
     todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
     if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
         print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
     if args.as_program:
         plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch (experiments/plan.py)
-    return run_plan(plan.Plan.from_json(validated.to_json()))
+    return plan.run_plan(plan.Plan.from_json(validated.to_json()))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -128,83 +121,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
     """The second half of ``run``: the plan the first half validated and wrote."""
-    from experiments.plan import read_plan
+    from experiments.plan import read_plan, run_plan
 
     return run_plan(read_plan(args.plan))
-
-
-def run_plan(validated: Plan) -> int:
-    """Execute the plan's runs one by one with a progress display; then the outcomes, plots and report."""
-    from experiments import runner, stopping
-    from experiments.launch import flwr_run
-    from experiments.plan import PlannedRun
-    from experiments.progress import RunWatcher, make_progress
-    from fedsketch import runlog
-
-    with stopping.Invocation("run") as invocation, make_progress() as progress:
-
-        def execute(run: PlannedRun, path: Path) -> int:
-            watcher = RunWatcher(progress, runner.describe(run), path, run.num_rounds)
-            return flwr_run(APP_DIR, path / "run_config.toml", validated.federation, path,
-                            poll=stopping.checked(watcher))  # fmt: skip
-
-        results = runner.run_all(validated.runs, execute)
-    return _conclude(results, invocation, runlog.experiment_dir(validated.runs[0]), plot=validated.plot)
-
-
-def _federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
-    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.launch`)."""
-    import torch
-
-    from experiments.launch import Federation, cpus_per_node, default_backend, gpus_per_node
-
-    try:
-        share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
-        return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes),
-                          gpus_per_client=share, backend=backend or default_backend())  # fmt: skip
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _conclude(results: Sequence[tuple[RunSpec, str]], invocation: Invocation, exp_dir: Path, plot: bool) -> int:
-    """Print each run's outcome; draw the plots and write the report unless stopped; the exit code."""
-    _print_outcomes(results)
-    stop = invocation.stopped_by
-    if stop is not None:
-        print(f"fedsketch: stopped by {stop.cause}; what the runs measured is kept under {exp_dir} "
-              f"(fedsketch plot / report {exp_dir}); a new `fedsketch run` restarts or resumes them")  # fmt: skip
-        return stop.exit_code
-    if plot:
-        _plot_and_report(exp_dir)
-    return 1 if any(outcome.startswith("failed") for _, outcome in results) else 0
-
-
-def _print_outcomes(results: Sequence[tuple[RunSpec, str]]) -> None:
-    """One line per run; a failed run also gets the error its ``flower.log`` ends with."""
-    from experiments.results import failed_replies, failure_reason
-    from experiments.runner import describe
-    from fedsketch import runlog
-
-    for cfg, outcome in results:
-        print(f"{describe(cfg):>24}: {outcome}  ({runlog.run_dir(cfg)})")
-        reason = failure_reason(runlog.run_dir(cfg)) if outcome.startswith("failed") else ""
-        for line in (reason, failed_replies(runlog.run_dir(cfg))):
-            if line:
-                print(f"{'':>24}  {line[:500]}")
-
-
-def _plot_and_report(exp_dir: Path) -> None:
-    from experiments.plots import plot_experiment
-    from experiments.report import write_report
-
-    if not any(exp_dir.rglob("metrics.jsonl")):
-        print(f"no plots or report: no run under {exp_dir} has metrics")
-        return
-    for plot in plot_experiment(exp_dir):
-        print(f"plot: {plot.path}")
-    report, _ = write_report(exp_dir)
-    print(f"report: {exp_dir / 'report.md'}")
-    print(f"verdict: {report.verdict}")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -262,6 +181,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
     from experiments import api, deploy, runner, stopping
+    from experiments.plan import conclude
     from experiments.preflight import check_runs
     from experiments.progress import RunWatcher, make_progress
     from experiments.recipe import kit_runs, write_kit
@@ -306,7 +226,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                     raise
 
             results = runner.run_all(experiment.runs, execute)
-    return _conclude(results, invocation, exp_dir, plot=not args.no_plot)
+    return conclude(results, invocation, exp_dir, plot=not args.no_plot)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,14 +7,17 @@ are built once per process (``load_federated`` caches), never per client call.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from fedsketch.config import RunConfig
 from fedsketch.data import DataSpec, FederatedData, load_federated
 from fedsketch.local import LocalSpec
 from fedsketch.models import build_model
+
+if TYPE_CHECKING:  # a method's module calls these (PowerSGD's layout), and the config imports every method
+    from fedsketch.config import RunConfig
 
 SPEC_NAMES = {"root": "data_root", "alpha": "partition_alpha"}
 """The DataSpec fields whose run setting has another name; the others share theirs."""

@@ -3,62 +3,91 @@
 A checkpoint holds exactly the strategy's values: the weights, the method's
 state and the books (:class:`fedsketch.books.Books`), with the DP noise's and
 the global generators and how far the logs had got. The file format and its
-checks live in :mod:`fedsketch.checkpoint`. Resuming is all or nothing: every
-piece is read and checked before the first one is assigned. Methods whose
-clients keep state cannot checkpoint (the config check refuses them).
+checks live in :mod:`fedsketch.checkpoint`. The strategy hands its values over
+as one frozen :class:`Saved` and takes back a :class:`Resumed`; this module
+never sees the strategy. Resuming is all or nothing: every piece is read and
+checked before the first one is assigned. Methods whose clients keep state
+cannot checkpoint (the config check refuses them).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from logging import INFO
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
+import torch
 from flwr.common.logger import log
 
 from fedsketch import checkpoint, runlog
+from fedsketch.books import Books
 from fedsketch.checkpoint import Checkpoint, CheckpointError
+from fedsketch.config import RunConfig
+from fedsketch.methods.method import ServerState
 
-if TYPE_CHECKING:
-    from strategies.strategy import FedSketchStrategy
+
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint holds of the strategy, and what resuming gives it back."""
+
+    weights: torch.Tensor  # the model's flat weights
+    state: ServerState  # the method's state
+    books: Books  # the run's books
+    noise: torch.Tensor  # the DP noise generator's state (``torch.Generator.get_state()``)
 
 
-def checkpoint_round(s: FedSketchStrategy, server_round: int, num_rounds: int, elapsed: float) -> None:
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run goes on: its first round, the time already spent, and what to restore (``None``: a fresh start)."""
+
+    first_round: int = 1
+    elapsed: float = 0.0
+    saved: Saved | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # the ``metrics.jsonl`` rows already written
+
+
+def checkpoint_round(
+    cfg: RunConfig, out_dir: Path | None, server_round: int, num_rounds: int, elapsed: float, saved: Saved
+) -> None:
     """Save after every ``checkpoint-every``-th round and after the last one."""
-    every = s.cfg.checkpoint_every
-    if s.out_dir is None or not every or (server_round % every and server_round != num_rounds):
+    every = cfg.checkpoint_every
+    if out_dir is None or not every or (server_round % every and server_round != num_rounds):
         return
     ckpt = Checkpoint(
-        round=server_round, weights=s.weights.detach().cpu(), state=checkpoint.state_to_tree(s.state),
-        books=checkpoint.books_to_tree(s.books), noise=s.noise.get_state(), rng=checkpoint.capture_rng(),
-        logs=checkpoint.log_sizes(s.out_dir), elapsed=elapsed,
+        round=server_round, weights=saved.weights.detach().cpu(), state=checkpoint.state_to_tree(saved.state),
+        books=checkpoint.books_to_tree(saved.books), noise=saved.noise, rng=checkpoint.capture_rng(),
+        logs=checkpoint.log_sizes(out_dir), elapsed=elapsed,
     )  # fmt: skip
-    checkpoint.save(s.out_dir, s.cfg, ckpt)
+    checkpoint.save(out_dir, cfg, ckpt)
 
 
-def restore(s: FedSketchStrategy) -> tuple[int, float]:
-    """Restore the run's last checkpoint, if any; returns the first round to run and the time already spent.
+def restore(cfg: RunConfig, out_dir: Path | None, current: Saved) -> Resumed:
+    """The run's last checkpoint, if any, checked against ``current`` (the strategy's fresh values).
+
+    The logs are rewound to the checkpoint and the global generators restored;
+    the strategy assigns the rest.
 
     Raises
     ------
     CheckpointError
         If the checkpoint is corrupt or does not fit this run.
     """
-    if s.out_dir is None:
-        return 1, 0.0
-    ckpt = checkpoint.load(s.out_dir, s.cfg) if s.cfg.checkpoint_every else None
+    if out_dir is None:
+        return Resumed()
+    ckpt = checkpoint.load(out_dir, cfg) if cfg.checkpoint_every else None
     if ckpt is None:  # a fresh start: no rows from an earlier attempt or run (e.g. the same `flwr run` again)
-        checkpoint.rewind_logs(s.out_dir, {})
-        return 1, 0.0
-    if ckpt.weights.shape != s.weights.shape:
-        raise CheckpointError(f"checkpoint model has {ckpt.weights.numel()} weights; this run's has {s.d}")
-    state = checkpoint.state_from_tree(s.state, ckpt.state)
-    books = checkpoint.books_from_tree(s.books, ckpt.books)
-    # Everything is checked: from here on, assign.
-    checkpoint.rewind_logs(s.out_dir, ckpt.logs)
-    s.set_weights(ckpt.weights.to(s.weights.device))
-    s.state, s.books = state, books
-    s.noise.set_state(ckpt.noise)
+        checkpoint.rewind_logs(out_dir, {})
+        return Resumed()
+    if ckpt.weights.shape != current.weights.shape:
+        raise CheckpointError(
+            f"checkpoint model has {ckpt.weights.numel()} weights; this run's has {current.weights.numel()}"
+        )
+    state = checkpoint.state_from_tree(current.state, ckpt.state)
+    books = checkpoint.books_from_tree(current.books, ckpt.books)
+    # Everything is checked: from here on, restore.
+    checkpoint.rewind_logs(out_dir, ckpt.logs)
     checkpoint.restore_rng(ckpt.rng)
-    s.history = runlog.read_metrics(s.out_dir)
-    log(INFO, "resumed after round %d from %s", ckpt.round, s.out_dir / checkpoint.FILE)
-    return ckpt.round + 1, ckpt.elapsed
+    saved = Saved(ckpt.weights.to(current.weights.device), state, books, ckpt.noise)
+    log(INFO, "resumed after round %d from %s", ckpt.round, out_dir / checkpoint.FILE)
+    return Resumed(ckpt.round + 1, ckpt.elapsed, saved, runlog.read_metrics(out_dir))

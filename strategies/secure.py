@@ -32,7 +32,8 @@ What changes with it (see docs/trust.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -49,11 +50,11 @@ from flwr.serverapp import Grid
 
 from clients.messages import wire_bytes
 from fedsketch import wire
+from fedsketch.books import Books
 from fedsketch.methods import ClientUpdate, PayloadSpec
+from fedsketch.methods.method import Layout
+from strategies.plan import RoundPlan
 from strategies.replies import RoundReplies
-
-if TYPE_CHECKING:
-    from strategies.strategy import FedSketchStrategy
 
 CLIPPING_RANGE = 8.0  # Flower's default: a node's weighted values must lie in [-8, 8]
 QUANTIZATION_RANGE = 2**22
@@ -143,38 +144,44 @@ def quantization_error(nodes: int, total_weight: float) -> float:
     return nodes * (2 * CLIPPING_RANGE / QUANTIZATION_RANGE) / total_weight
 
 
-def secure_round(s: FedSketchStrategy, server_round: int, grid: Grid, config: ConfigRecord) -> None:
+@dataclass(frozen=True)
+class SecureRound:
+    """What one SecAgg+ round gave the strategy: at most one update, the sum."""
+
+    replies: RoundReplies  # the sum as one update (none if the protocol gave no usable sum), and who failed
+    contributors: int  # the clients whose updates are in the sum
+    refused: str  # why there is no usable sum ("" when there is one)
+
+
+def secure_round(
+    p: RoundPlan, weights: np.ndarray, layout: Layout, books: Books, dense_bytes: int, max_examples: int,
+    timeout: float,
+) -> SecureRound:  # fmt: skip
     """One round through SecAgg+ instead of plain uploads: only the sum reaches the method's step.
 
-    The nodes clip their own clients (``clients/secure.py``), so the sum is
-    applied as it is (``screened``); the bytes both ways are what the protocol's
-    four stages serialized.
+    The nodes clip their own clients (``clients/secure.py``), so the strategy
+    applies the sum as it is; the bytes both ways are what the protocol's four
+    stages serialized, billed to ``books`` here.
     """
-    s.plan = p = s.plan_round(server_round, config, grid)
     per_node = max(max(1, len(cids)) for cids in p.sent.values())
-    bridge, counting = secure_mean(grid, p.sent, s.weights.cpu().numpy(), p.config,
-                                   float(s.max_examples * per_node), s.cfg.round_timeout)  # fmt: skip
-    s.books.add("download", counting.sent)
-    s.books.add("download_sent", counting.sent)
-    s.books.add("upload", counting.received)
+    bridge, counting = secure_mean(p.grid, p.sent, weights, p.config, float(max_examples * per_node), timeout)
+    books.add("download", counting.sent)
+    books.add("download_sent", counting.sent)
+    books.add("upload", counting.received)
     got, answered = RoundReplies(upload_bytes=counting.received), bridge.results
     got.timeouts = sum(max(1, len(c)) for node, c in p.sent.items() if node not in answered)
     got.errors = sum(int(res.metrics.get("failed", 0)) for res in answered.values())
     contributors = sum(int(res.metrics.get("clients", 0)) for res in answered.values())
-    layout = s.method.layout(s.cfg, s.d, server_round)
     payload, why = checked_mean(bridge.mean, layout)  # type: ignore[arg-type]
     if payload is None:
         got.rejected = contributors
-        s.count_failures(got)
-        s.skip(server_round, got, f"secure aggregation gave no usable sum: {why}", 0)
-        return
+        return SecureRound(got, contributors, why)
     losses = [float(res.metrics["loss"]) for res in answered.values() if "loss" in res.metrics]
     loss = float(np.mean(losses)) if losses else float("nan")
     got.updates = [ClientUpdate(-1, payload, 1, loss, counting.received)]
-    s.count_failures(got)
-    s.books.add("clients", contributors)
-    s.books.add("dense", s.dense_bytes * contributors)
-    s.finish_round(server_round, got, contributors, screened=True)
+    books.add("clients", contributors)
+    books.add("dense", dense_bytes * contributors)
+    return SecureRound(got, contributors, "")
 
 
 def checked_mean(mean: list[np.ndarray] | None, spec: PayloadSpec) -> tuple[dict[str, np.ndarray] | None, str]:

@@ -8,9 +8,10 @@ download (:mod:`strategies.billing`), validate the replies
 (:mod:`strategies.replies`), clip or noise them (:mod:`strategies.guard`),
 apply the method's ``step`` unless too few clients answered or the result is
 not finite, evaluate on the server and append ``metrics.jsonl``. Secure
-aggregation (:mod:`strategies.secure`) replaces the exchange and calls
-:meth:`FedSketchStrategy.finish_round`; checkpoints (:mod:`strategies.resume`)
-save the same values.
+aggregation (:mod:`strategies.secure`) replaces the exchange and hands back
+the sum, which :meth:`FedSketchStrategy.finish_round` applies; checkpoints
+(:mod:`strategies.resume`) save the same values as one frozen
+:class:`strategies.resume.Saved`. Neither module imports this one.
 """
 
 from __future__ import annotations
@@ -166,11 +167,11 @@ class FedSketchStrategy(Strategy):
         self.summary()
         if self.out_dir is not None:
             runlog.write_config(self.cfg, self.out_dir)
-        first, spent = resume.restore(self)
+        first, spent = self.resume()
         start = time.perf_counter() - spent
         for rnd in range(first, num_rounds + 1):
             if self.cfg.secure_aggregation:
-                secure.secure_round(self, rnd, grid, train_config or ConfigRecord())
+                self.secure_round(rnd, grid, train_config or ConfigRecord())
             else:
                 arrays = messages.model_record(self.weights.cpu().numpy())
                 requests = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
@@ -178,10 +179,22 @@ class FedSketchStrategy(Strategy):
                 self.aggregate_train(rnd, replies)
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
-            resume.checkpoint_round(self, rnd, num_rounds, time.perf_counter() - start)
+            resume.checkpoint_round(self.cfg, self.out_dir, rnd, num_rounds, time.perf_counter() - start, self.saved())
         result = Result()
         result.arrays = messages.model_record(self.weights.cpu().numpy())
         return result
+
+    def secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
+        """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
+        self.plan = p = self.plan_round(server_round, config, grid)
+        layout = self.method.layout(self.cfg, self.d, server_round)
+        done = secure.secure_round(p, self.weights.cpu().numpy(), layout, self.books, self.dense_bytes,
+                                   self.max_examples, self.cfg.round_timeout)  # fmt: skip
+        self.count_failures(done.replies)
+        if done.refused:
+            self.skip(server_round, done.replies, f"secure aggregation gave no usable sum: {done.refused}", 0)
+        else:
+            self.finish_round(server_round, done.replies, done.contributors, screened=True)
 
     def finish_round(
         self, server_round: int, got: RoundReplies, contributors: int, screened: bool = False
@@ -224,6 +237,20 @@ class FedSketchStrategy(Strategy):
         return None, MetricRecord({"clients": contributors, "failures": got.failed})
 
     # ------------------------------------------------------------- helpers
+    def saved(self) -> resume.Saved:
+        """The values a checkpoint holds (:mod:`strategies.resume`)."""
+        return resume.Saved(self.weights, self.state, self.books, self.noise.get_state())
+
+    def resume(self) -> tuple[int, float]:
+        """Restore the run's last checkpoint, if any: the first round to run and the time already spent."""
+        back = resume.restore(self.cfg, self.out_dir, self.saved())
+        if back.saved is not None:
+            self.set_weights(back.saved.weights)
+            self.state, self.books = back.saved.state, back.saved.books
+            self.noise.set_state(back.saved.noise)
+            self.history = back.history
+        return back.first_round, back.elapsed
+
     def set_weights(self, weights: torch.Tensor) -> None:
         """The new global model (flat weights, written into the module too)."""
         self.weights = weights

@@ -35,6 +35,7 @@ from fedsketch.algorithms import momentum_sgd, powersgd
 from fedsketch.compress import derive_seed
 from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Round, State
 from fedsketch.setting import Setting
+from fedsketch.task import load_data, make_model
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -48,8 +49,6 @@ Q_STREAM = 0x9051  # the private seed stream of the first round's Q
 @lru_cache(maxsize=8)
 def plan(cfg: RunConfig) -> powersgd.Plan:
     """Which slices of the flat parameters are compressed, at the run's rank (from the model's shapes)."""
-    from fedsketch.task import load_data, make_model  # the model's layout, built once per process
-
     model = make_model(cfg, load_data(cfg))
     return powersgd.plan([tuple(p.shape) for p in model.parameters()], RANK.of(cfg))
 
