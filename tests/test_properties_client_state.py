@@ -16,13 +16,13 @@ import pytest
 import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
+from test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
 from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch import client_state, wire
 from fedsketch.config import RunConfig
 from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
-from tests.test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
 
 def test_settle_commits_exactly_the_last_applied_upload_over_random_histories() -> None:
