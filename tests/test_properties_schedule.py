@@ -72,3 +72,8 @@ def test_the_rates_the_clients_receive_are_the_schedules_round_by_round() -> Non
     with task_identity():
         strat.start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2, deliver=deliver)))
     assert seen == pytest.approx({1: BASE, 2: 0.75 * BASE, 3: 0.5 * BASE, 4: 0.25 * BASE}, rel=1e-12)
+
+
+def test_an_unknown_schedule_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown lr schedule 'step'; expected constant, linear or cosine"):
+        lr_at("step", BASE, 1, 5)
