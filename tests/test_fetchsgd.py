@@ -43,7 +43,7 @@ def test_subtract_variant_conserves_mass_in_sketch_space() -> None:
     is also checked to be the top-k of the error sketch's estimates.
     """
     d, lr = 5_000, 0.05
-    params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=500, seed=1, k=50, momentum=0.9)
+    params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=500, seed=1, k=50, momentum=0.9, error_feedback="subtract")
     gen = torch.Generator().manual_seed(1)
     state = fetchsgd.init(params)
     applied, lr_momentum = torch.zeros(d), torch.zeros_like(state.error)
@@ -134,7 +134,7 @@ def test_zero_buckets_variant_zeroes_every_touched_bucket() -> None:
 
 def test_update_is_the_top_k_of_the_error_estimate() -> None:
     d = 1_000
-    params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=100_000, seed=0, k=10, momentum=0.0)
+    params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=100_000, seed=0, k=10, momentum=0.0, error_feedback="subtract")
     vec = torch.zeros(d)
     vec[torch.arange(0, 100, 10)] = torch.arange(1.0, 11.0)
     vec[500] = 0.5
@@ -149,13 +149,13 @@ def test_update_is_the_top_k_of_the_error_estimate() -> None:
      ({"momentum": 1.5}, r"momentum must be in \[0, 1\)")],
 )  # fmt: skip
 def test_bad_parameters_are_refused(kwargs: dict[str, object], message: str) -> None:
-    base: dict[str, object] = {"d": 10, "rows": 3, "cols": 10, "seed": 0, "k": 5}
+    base: dict[str, object] = {"d": 10, "rows": 3, "cols": 10, "seed": 0, "k": 5, "error_feedback": "subtract"}
     with pytest.raises(ValueError, match=message):
         fetchsgd.FetchSGDParams(**{**base, **kwargs})  # type: ignore[arg-type]
 
 
 def test_merged_table_of_the_wrong_shape_is_refused() -> None:
-    params = fetchsgd.FetchSGDParams(d=10, rows=3, cols=10, seed=0, k=5)
+    params = fetchsgd.FetchSGDParams(d=10, rows=3, cols=10, seed=0, k=5, error_feedback="subtract")
     with pytest.raises(ValueError, match=r"merged table has shape \(3, 11\)"):
         fetchsgd.step(fetchsgd.init(params), torch.zeros(3, 11), params, lr=0.1)
 
@@ -201,10 +201,16 @@ def test_under_update_placement_leftover_error_is_applied_at_todays_rate() -> No
     out = {}
     for placement in fetchsgd.LR_PLACEMENTS:
         params = fetchsgd.FetchSGDParams(d=2, rows=5, cols=1_000, seed=0, k=1, momentum=0.0,
-                                         lr_placement=placement)  # fmt: skip
+                                         error_feedback="subtract", lr_placement=placement)  # fmt: skip
         first_table = _sketch_table(torch.tensor([3.0, 2.0]), params)
         state, first = fetchsgd.step(fetchsgd.init(params), first_table, params, 1.0)
         state, second = fetchsgd.step(state, _sketch_table(torch.zeros(2), params), params, 0.5)
         assert first.dense(2).tolist() == [3.0, 0.0]
         out[placement] = second.dense(2).tolist()
     assert out == {"error": [0.0, 2.0], "update": [0.0, 1.0]}
+
+
+def test_the_error_feedback_variant_has_no_default_of_its_own() -> None:
+    """The run's setting ``error-feedback`` holds the one default; the algorithm's parameters must be told."""
+    with pytest.raises(TypeError, match="error_feedback"):
+        fetchsgd.FetchSGDParams(d=10, rows=3, cols=10, seed=0, k=5)  # type: ignore[call-arg]

@@ -49,7 +49,7 @@ between the paper's sources; both are offered as named variants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -74,7 +74,8 @@ class FetchSGDParams:
     seed: int
     k: int
     momentum: float = 0.9
-    error_feedback: str = "subtract"
+    error_feedback: str = field(kw_only=True)
+    """No default here: the run's setting ``error-feedback`` has the one default (:mod:`fedsketch.methods.fetchsgd`)."""
     momentum_zeroing: bool = True
     lr_placement: str = "error"
 
