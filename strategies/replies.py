@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 from clients.messages import Records, records_of, wire_bytes
 from fedsketch import wire
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
+from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 
 
@@ -67,9 +68,10 @@ class RoundReplies:
 def exchange(grid: Grid, requests: list[Message], timeout: float) -> tuple[list[Message], dict[str, int]]:
     """Send ``requests`` and wait for the replies; also which node each request went to, by its message id.
 
-    The grid gives every request its message id as it pushes it.
+    The grid gives every request its message id as it pushes it; the replies are pulled on
+    :mod:`strategies.waiting`'s schedule, not Flower's 3 s sleep.
     """
-    replies = list(grid.send_and_receive(requests, timeout=timeout))
+    replies = waiting.send_and_receive(grid, requests, timeout)
     return replies, {m.metadata.message_id: m.metadata.dst_node_id for m in requests if m.metadata.message_id}
 
 

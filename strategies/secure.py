@@ -53,6 +53,7 @@ from fedsketch import wire
 from fedsketch.books import Books
 from fedsketch.methods import ClientUpdate, PayloadSpec
 from fedsketch.methods.method import Layout
+from strategies import waiting
 from strategies.plan import RoundPlan
 from strategies.replies import RoundReplies
 
@@ -61,7 +62,10 @@ QUANTIZATION_RANGE = 2**22
 
 
 class CountingGrid:
-    """A grid that counts the serialized bytes of every message it sends and receives."""
+    """A grid that counts the serialized bytes of every message it sends and receives.
+
+    Its ``send_and_receive`` (the one the workflow calls) waits on :mod:`strategies.waiting`'s schedule.
+    """
 
     def __init__(self, grid: Grid) -> None:
         self.grid, self.sent, self.received = grid, 0, 0
@@ -72,7 +76,7 @@ class CountingGrid:
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)
         self.sent += sum(wire_bytes(m.content) for m in messages)
-        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        replies = waiting.send_and_receive(self.grid, messages, timeout)
         self.received += sum(wire_bytes(m.content) for m in replies if not m.has_error())
         return replies
 

@@ -1,0 +1,131 @@
+"""Waiting for replies: the poll schedule's properties, and the wait over the in-process federation.
+
+The in-process grid (``experiments/inprocess.py``) runs the real ClientApp when a request is
+pushed and hands each reply out from a given pull on; its waits pass on its own clock, so these
+tests count pulls and seconds of that clock exactly, and never time the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from flwr.app import ConfigRecord, Message
+from flwr.server.superlink.linkstate import LinkStateFactory
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.superlink.federation import NoOpFederationManager
+from flwr.superlink.grid import InMemoryGrid
+
+from clients.messages import model_record
+from experiments.inprocess import InProcessGrid, task_identity
+from fedsketch.config import RunConfig
+from strategies import waiting
+from strategies.server_app import build_strategy, poll_replies_sooner
+from strategies.waiting import DEPLOYMENT, WALL_CLOCK, PollSchedule, delay, pulls_within
+
+TINY = {"num-clients": 4, "clients-per-round": 4, "model-hidden": 8, "k": 20, "num-rounds": 2,
+        "sketch-rows": 3, "sketch-cols": 100, "eval-every": 1}  # fmt: skip
+EXACT = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=0.25)  # powers of two: the clock's sums are exact
+
+
+def _requests(grid: InProcessGrid) -> list[Message]:
+    cfg = RunConfig.from_mapping(TINY)
+    strat = build_strategy(cfg, None)
+    return list(strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid))
+
+
+def _grid(**kwargs: object) -> InProcessGrid:
+    return InProcessGrid(RunConfig.from_mapping(TINY).to_mapping(), num_nodes=2, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_schedule_starts_soon_grows_by_its_factor_and_stops_at_its_cap() -> None:
+    waits = [delay(DEPLOYMENT, n) for n in range(200)]
+    assert waits[0] == DEPLOYMENT.first_s <= 0.02
+    assert all(a <= b for a, b in itertools.pairwise(waits))
+    assert max(waits) == waits[-1] == DEPLOYMENT.cap_s <= 0.3
+    growing = [w for w in waits if w < DEPLOYMENT.cap_s]
+    assert all(b == pytest.approx(a * DEPLOYMENT.factor) for a, b in itertools.pairwise(growing))
+    assert delay(DEPLOYMENT, 10**9) == DEPLOYMENT.cap_s  # no overflow however long the wait
+    assert [delay(EXACT, n) for n in range(6)] == [1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 4]
+    assert {delay(PollSchedule(0.005, 1.0, 0.005), n) for n in range(50)} == {0.005}
+
+
+def test_the_pulls_over_a_timeout_are_bounded_by_the_cap() -> None:
+    """A wait with no reply pulls at most once per ``cap_s`` once the schedule has reached it."""
+    growing = sum(1 for n in range(100) if delay(DEPLOYMENT, n) < DEPLOYMENT.cap_s)
+    for timeout in (0.0, 0.3, 10.0, 600.0):
+        pulls = pulls_within(DEPLOYMENT, timeout)
+        assert timeout / DEPLOYMENT.cap_s <= pulls <= timeout / DEPLOYMENT.cap_s + growing + 2
+    assert pulls_within(EXACT, 2.0) == 13  # 1 + 4 growing waits (15/64 s) + 8 capped ones (the last cut to 1/64 s)
+
+
+@pytest.mark.parametrize(
+    ("first", "factor", "cap"), [(0.0, 1.5, 1.0), (0.5, 1.5, 0.1), (0.01, 0.9, 1.0), (0.01, 1.5, float("inf"))]
+)
+def test_a_schedule_that_cannot_work_is_refused(first: float, factor: float, cap: float) -> None:
+    with pytest.raises(ValueError, match="poll schedule needs"):
+        PollSchedule(first, factor, cap)
+
+
+def test_simulation_keeps_its_fixed_interval_and_other_grids_back_off() -> None:
+    state = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+    sim = InMemoryGrid(state_factory=state)
+    poll_replies_sooner(sim, RunConfig().reply_poll_s)
+    assert waiting.schedule_for(sim) == PollSchedule(0.005, 1.0, 0.005)  # never a wait beyond reply-poll-s
+    assert waiting.schedule_for(_grid()) == DEPLOYMENT
+    assert waiting.clock_of(sim) is WALL_CLOCK
+
+
+def test_late_replies_are_all_returned_and_the_schedule_restarts_when_replies_come() -> None:
+    grid = _grid(late={101: 1, 102: 6})
+    with task_identity():
+        requests = _requests(grid)
+        replies = waiting.send_and_receive(grid, requests, timeout=60.0, schedule=EXACT)
+    assert sorted(r.metadata.src_node_id for r in replies) == [101, 102]
+    assert not any(r.has_error() for r in replies)
+    assert grid.pulls == 6  # the sixth pull brought the last reply; none after it
+    # 101's reply came with the first pull: the waits start from first_s again, then grow
+    assert grid.time.waits == [1 / 64, 1 / 64, 1 / 32, 1 / 16, 1 / 8]
+
+
+def test_replies_already_there_take_one_pull_and_no_wait() -> None:
+    grid = _grid()
+    with task_identity():
+        replies = waiting.send_and_receive(grid, _requests(grid), timeout=60.0)
+    assert len(replies) == 2 and grid.pulls == 1 and grid.time.waits == []
+
+
+def test_a_missing_reply_times_out_after_exactly_the_timeout_with_the_others_returned() -> None:
+    grid = _grid(late={102: 10**9})
+    with task_identity():
+        replies = waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT)
+    assert [r.metadata.src_node_id for r in replies] == [101]
+    assert grid.time.now_s == 2.0 and sum(grid.time.waits) == 2.0
+    assert max(grid.time.waits) == EXACT.cap_s
+
+
+def test_no_reply_at_all_costs_the_bounded_number_of_pulls() -> None:
+    grid = _grid(tamper=lambda requests, replies: [])
+    with task_identity():
+        assert waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT) == []
+    assert grid.pulls == pulls_within(EXACT, 2.0) and grid.time.now_s == 2.0
+
+
+def test_on_the_wall_clock_a_timeout_ends_the_wait_with_no_more_pulls_than_the_schedule_allows() -> None:
+    grid = _grid(tamper=lambda requests, replies: [])
+    with task_identity():
+        assert waiting.send_and_receive(grid, _requests(grid), timeout=0.3, clock=WALL_CLOCK) == []
+    assert 2 <= grid.pulls <= pulls_within(DEPLOYMENT, 0.3)
+
+
+def test_a_round_with_a_late_node_counts_every_client_and_pulls_until_its_reply(tmp_path: Path) -> None:
+    cfg = RunConfig.from_mapping(TINY)
+    grid = _grid(late={102: 4})
+    with task_identity():
+        build_strategy(cfg, tmp_path).start(grid)  # type: ignore[arg-type]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["clients"], r["timeouts"]) for r in rows] == [(4, 0), (4, 0)]
+    assert grid.pulls == 2 * 4
