@@ -75,7 +75,11 @@ def collect(root: Path) -> list[Cell]:
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         match = CELL.fullmatch(folder.name)
         if match and folder.is_dir():
-            groups = tuple(collect_groups(folder))
+            try:
+                groups = tuple(collect_groups(folder))
+            except FileNotFoundError:
+                print(f"note: {folder.name} has no metrics yet; left out", file=sys.stderr)
+                continue
             variant = match["variant"] or ""
             cells.append(Cell(match["model"], int(match["times"]), compare(groups, NAMES), groups, variant))
     if not cells:

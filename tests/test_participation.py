@@ -47,3 +47,9 @@ def test_a_variant_cell_is_its_own_row(runs: Path) -> None:
         ("text, downloads from the initial model", 1),
     ]
     assert "| text, downloads from the initial model | ~1x | FetchSGD |" in participation.table(cells)
+
+
+def test_a_cell_without_metrics_yet_is_left_out(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (runs / "participation-text-p5" / "fetchsgd").mkdir(parents=True)
+    assert [(c.model, c.times) for c in participation.collect(runs)] == [("text", 1), ("text", 25)]
+    assert "participation-text-p5 has no metrics yet" in capsys.readouterr().err
