@@ -1,4 +1,4 @@
-"""Several clients' gradients in one vectorized call (per-client gradients with ``torch.func``).
+"""Several clients' gradients or local SGD steps in one vectorized call (per-client gradients with ``torch.func``).
 
 FetchSGD's clients each compute one gradient on a handful of samples
 (Rothchild et al., ICML 2020: 5 CIFAR images a client). One client at a time,
