@@ -129,7 +129,7 @@ def per_client_local_training(
     shapes = [((min(len(c.x), spec.batch_size), *c.x.shape[1:]), tuple(c.y.shape[1:])) for c in clients]
     for group in _groups(shapes, max_clients):
         ends, losses = _train_stacked(model, start, [clients[i] for i in group], spec)
-        deltas = weights.to(ends.dtype) - ends
+        deltas = torch.sub(weights.to(ends.dtype), ends, out=ends)  # in place, as local_update does
         for row, i in enumerate(group):
             steps = [float(step[row]) for step in losses]
             results[i] = (deltas[row], sum(steps) / len(steps))  # the loss as local_update averages it
