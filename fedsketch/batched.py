@@ -1,4 +1,4 @@
-"""Several clients' gradients in one vectorized call (per-client gradients with ``torch.func``).
+"""Several clients' gradients or local SGD steps in one vectorized call (per-client gradients with ``torch.func``).
 
 FetchSGD's clients each compute one gradient on a handful of samples
 (Rothchild et al., ICML 2020: 5 CIFAR images a client). One client at a time,
@@ -17,6 +17,15 @@ own statistics, as one client at a time does; its running statistics (not
 part of the uploaded vector, see :mod:`fedsketch.flat`) are not updated.
 Clients are vectorized only with others of the same batch length, so no
 client's computation sees padding.
+
+Local training (``client-update = "delta"``, FedAvg's local SGD, McMahan et
+al., AISTATS 2017) is vectorized the same way: the clients' parameters are
+stacked along a leading client dimension, ``vmap`` computes every client's
+gradient on its own batch, and the SGD step updates the stack, ``local-steps``
+times. Each client draws its batches from its own generator, step by step, as
+:func:`~fedsketch.local.local_update` does, so every client sees the same
+batches in the same order; in float64 its delta equals the one-at-a-time one
+to rounding (tests/test_batched_local.py).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, replace_all_batch_norm_modules_, vmap
 from torch.nn import functional as F
 
+from fedsketch.local import LocalSpec, sample_batch
+
 
 @dataclass(frozen=True)
 class ClientBatch:
@@ -36,6 +47,15 @@ class ClientBatch:
 
     x: torch.Tensor
     y: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LocalClient:
+    """One client's whole training data (on any device) and its private generator, for local training."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    gen: torch.Generator
 
 
 def functional_copy(model: nn.Module) -> nn.Module:
@@ -69,7 +89,11 @@ def per_client_gradients(
         raise ValueError(f"max_clients must be > 0; got {max_clients}")
     params = _unflatten(model, weights)
     results: list[tuple[torch.Tensor, float] | None] = [None] * len(batches)
-    for group in _groups(batches, max_clients):
+    for i, b in enumerate(batches):
+        if len(b.x) == 0:
+            raise ValueError(f"batch {i} is empty")
+    shapes = [(tuple(b.x.shape), tuple(b.y.shape)) for b in batches]
+    for group in _groups(shapes, max_clients):
         xs = torch.stack([batches[i].x for i in group])
         ys = torch.stack([batches[i].y for i in group])
         grads, losses = _vectorized(model, params, xs, ys)
@@ -78,13 +102,75 @@ def per_client_gradients(
     return [r for r in results if r is not None]
 
 
-def _groups(batches: list[ClientBatch], max_clients: int) -> list[list[int]]:
-    """Indices of ``batches`` with equal shapes, in chunks of at most ``max_clients``."""
+def per_client_local_training(
+    model: nn.Module, weights: torch.Tensor, clients: list[LocalClient], spec: LocalSpec, max_clients: int
+) -> list[tuple[torch.Tensor, float]]:
+    """Each client's delta ``weights - w_end`` after ``spec.steps`` SGD steps, and its mean loss over the steps.
+
+    The vectorized :func:`~fedsketch.local.local_update` in ``"delta"`` mode:
+    ``model`` is a :func:`functional_copy`; every step, each client draws a
+    batch of ``min(len(x), spec.batch_size)`` samples with its own generator
+    (:func:`~fedsketch.local.sample_batch`), so a client's batch length is the
+    same at every step and clients are grouped by it, ``max_clients`` at a
+    time. Deltas are in the model's dtype, in the order of ``clients``.
+
+    Raises
+    ------
+    ValueError
+        If ``max_clients`` is not positive or a client has no samples.
+    """
+    if max_clients <= 0:
+        raise ValueError(f"max_clients must be > 0; got {max_clients}")
+    start = _unflatten(model, weights)
+    results: list[tuple[torch.Tensor, float] | None] = [None] * len(clients)
+    for i, c in enumerate(clients):
+        if len(c.x) == 0:
+            raise ValueError(f"client {i} has no training examples")
+    shapes = [((min(len(c.x), spec.batch_size), *c.x.shape[1:]), tuple(c.y.shape[1:])) for c in clients]
+    for group in _groups(shapes, max_clients):
+        ends, losses = _train_stacked(model, start, [clients[i] for i in group], spec)
+        deltas = torch.sub(weights.to(ends.dtype), ends, out=ends)  # in place, as local_update does
+        for row, i in enumerate(group):
+            steps = [float(step[row]) for step in losses]
+            results[i] = (deltas[row], sum(steps) / len(steps))  # the loss as local_update averages it
+    return [r for r in results if r is not None]
+
+
+def _train_stacked(
+    model: nn.Module, start: dict[str, torch.Tensor], group: list[LocalClient], spec: LocalSpec
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``(len(group), d)`` flat end weights and each step's ``len(group)`` losses."""
+    buffers = dict(model.named_buffers())
+    device = next(iter(start.values())).device
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
+
+    step = vmap(grad_and_value(loss))
+    params = {name: p.expand(len(group), *p.shape) for name, p in start.items()}  # one start, not copied
+    losses = []
+    for _ in range(spec.steps):
+        drawn = [sample_batch(c.x, c.y, spec.batch_size, c.gen) for c in group]
+        xs = torch.stack([x for x, _ in drawn]).to(device)
+        ys = torch.stack([y for _, y in drawn]).to(device)
+        grads, values = step(params, xs, ys)
+        params = {name: _sgd(p, grads[name], spec) for name, p in params.items()}
+        losses.append(values.detach())
+    return torch.cat([p.reshape(len(group), -1) for p in params.values()], dim=1), losses
+
+
+def _sgd(p: torch.Tensor, grad: torch.Tensor, spec: LocalSpec) -> torch.Tensor:
+    """The step of :func:`fedsketch.local._sgd_step`, written out of place: the same floats."""
+    if spec.weight_decay:
+        return torch.add(p, grad + spec.weight_decay * p, alpha=-spec.lr)
+    return torch.add(p, grad, alpha=-spec.lr)
+
+
+def _groups(shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], max_clients: int) -> list[list[int]]:
+    """Indices of equal ``shapes`` (a client's ``x`` and ``y`` batch shapes), in chunks of at most ``max_clients``."""
     by_shape: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
-    for i, b in enumerate(batches):
-        if len(b.x) == 0:
-            raise ValueError(f"batch {i} is empty")
-        by_shape.setdefault((tuple(b.x.shape), tuple(b.y.shape)), []).append(i)
+    for i, shape in enumerate(shapes):
+        by_shape.setdefault(shape, []).append(i)
     return [idx[s : s + max_clients] for idx in by_shape.values() for s in range(0, len(idx), max_clients)]
 
 

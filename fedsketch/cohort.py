@@ -19,7 +19,13 @@ import torch
 from torch import nn
 
 from fedsketch import wire
-from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
+from fedsketch.batched import (
+    ClientBatch,
+    LocalClient,
+    functional_copy,
+    per_client_gradients,
+    per_client_local_training,
+)
 from fedsketch.config import RunConfig
 from fedsketch.data.spec import FederatedData
 from fedsketch.local import LocalResult, client_generator, local_update, require_examples, sample_batch
@@ -138,43 +144,55 @@ def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, ser
 
 
 def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server_round: int) -> dict[int, _Local]:
-    """The clients' gradients ``client-batching`` at a time (:mod:`fedsketch.batched`).
+    """The clients' local results ``client-batching`` at a time (:mod:`fedsketch.batched`).
 
-    Each client samples its batch with its own generator, exactly as
+    Each client samples its batches with its own generator, exactly as
     :func:`~fedsketch.local.local_update` does. Should the vectorized call
-    fail, every client is computed on its own, so a failure stays with the
-    client that caused it. Each client is charged an equal share of the call.
+    fail, every client is computed on its own (with a fresh generator), so a
+    failure stays with the client that caused it. Each client is charged an
+    equal share of the call.
     """
     start = time.perf_counter()
-    data, spec = load_data(cfg), local_spec(cfg)
-    batches, local = _sample_batches(data, cids, cfg, server_round, w.device)
-    ready = list(batches)
+    clients, local = _client_data(load_data(cfg), cids, cfg, server_round)
+    ready = list(clients)
     try:
-        grads = per_client_gradients(_vectorizable_model(cfg), w, [batches[c] for c in ready], cfg.client_batching)
+        results = _vectorized(cfg, w, [clients[c] for c in ready])
     except Exception:  # noqa: BLE001 -- fall back to one client at a time, failures and all
         return {**local, **{c: _one_result(cfg, _scratch_model(cfg), w, c, server_round) for c in ready}}
     share = (time.perf_counter() - start) / max(len(ready), 1)
-    for cid, (grad, loss) in zip(ready, grads, strict=True):
-        update = grad + spec.weight_decay * w if spec.weight_decay else grad
-        local[cid] = _Local(LocalResult(update, len(batches[cid].y), loss), share)
+    local.update({cid: _Local(result, share) for cid, result in zip(ready, results, strict=True)})
     return local
 
 
-def _sample_batches(
-    data: FederatedData, cids: list[int], cfg: RunConfig, server_round: int, device: torch.device
-) -> tuple[dict[int, ClientBatch], dict[int, _Local]]:
-    """Each client's batch for one gradient, or its failure (no data, bad id)."""
-    batches, failed = {}, {}
+def _vectorized(cfg: RunConfig, w: torch.Tensor, clients: list[LocalClient]) -> list[LocalResult]:
+    """One gradient a client, or ``local-steps`` SGD steps a client, vectorized across clients."""
+    spec, model = local_spec(cfg), _vectorizable_model(cfg)
+    if spec.mode == "delta":
+        deltas = per_client_local_training(model, w, clients, spec, cfg.client_batching)
+        return [LocalResult(delta, len(c.x), loss) for c, (delta, loss) in zip(clients, deltas, strict=True)]
+    drawn = [sample_batch(c.x, c.y, spec.batch_size, c.gen) for c in clients]
+    batches = [ClientBatch(x.to(w.device), y.to(w.device)) for x, y in drawn]
+    grads = per_client_gradients(model, w, batches, cfg.client_batching)
+    return [
+        LocalResult(grad + spec.weight_decay * w if spec.weight_decay else grad, len(b.y), loss)
+        for b, (grad, loss) in zip(batches, grads, strict=True)
+    ]
+
+
+def _client_data(
+    data: FederatedData, cids: list[int], cfg: RunConfig, server_round: int
+) -> tuple[dict[int, LocalClient], dict[int, _Local]]:
+    """Each client's data and generator, or its failure (no data, bad id)."""
+    clients, failed = {}, {}
     for cid in cids:
         try:
             x, y = data.client_data(cid)
             require_examples(x)
-            x, y = sample_batch(x, y, cfg.local_batch_size, client_generator(cfg.seed, server_round, cid))
         except Exception as exc:  # noqa: BLE001 -- this client only
             failed[cid] = _Local(None, 0.0, f"{type(exc).__name__}: {exc}")
             continue
-        batches[cid] = ClientBatch(x.to(device), y.to(device))
-    return batches, failed
+        clients[cid] = LocalClient(x, y, client_generator(cfg.seed, server_round, cid))
+    return clients, failed
 
 
 def answer_queries(cfg: RunConfig, jobs: list[ClientJob], query: Payload) -> list[ClientOutcome]:

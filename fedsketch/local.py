@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsketch.flat import get_flat, get_flat_grad, set_flat
+from fedsketch.flat import get_flat_grad, set_flat
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,10 @@ def local_update(
     for _ in range(spec.steps):
         losses.append(_gradient_step(model, x, y, spec, gen))
         _sgd_step(model, spec.lr, spec.weight_decay)
-    end = get_flat(model)  # a new tensor: the update is written into it, sparing a client's worth of fresh memory
-    return LocalResult(torch.sub(weights, end, out=end), len(x), sum(losses) / len(losses))
+    # A new tensor in the model's dtype (float32 in a run; float64 in the exactness tests): the update is written
+    # into it, sparing a client's worth of fresh memory.
+    end = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return LocalResult(torch.sub(weights.to(end.dtype), end, out=end), len(x), sum(losses) / len(losses))
 
 
 @torch.no_grad()

@@ -178,12 +178,7 @@ def _download(cfg: RunConfig, method: Method) -> None:
 
 
 def _runtime(cfg: RunConfig, method: Method) -> None:
-    """``client-batching`` vectorizes one gradient a client; a restart loses state kept on the nodes."""
-    if cfg.client_batching and cfg.client_update != "gradient":
-        raise ConfigError(
-            f"setting 'client-batching' ({cfg.client_batching}) needs 'client-update' = 'gradient' (one gradient a "
-            f"client); got {cfg.client_update!r}. Set client-batching = 0 for local training steps"
-        )
+    """A restart loses state kept on the nodes."""
     if cfg.checkpoint_every and method.state_vectors(cfg):
         raise ConfigError(
             f"setting 'checkpoint-every' is not available for {cfg.strategy} with these settings: "
