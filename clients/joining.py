@@ -114,20 +114,26 @@ def superlink_of(supernode: Sequence[str]) -> str:
 def exit_hint(joining: Joining, superlink: str) -> str | None:
     """What the way the SuperNode gave up most likely means on a device, and what to do; ``None``: nothing to add."""
     if joining.flower_exit == KEY_INVALID:
-        return ("the key given with --auth-supernode-private-key cannot be read: Flower needs an elliptic curve "
-                "private key (P-384 here) in OpenSSH format. A PEM key from openssl converts in place with "
-                '`ssh-keygen -p -N "" -f KEY` (docs/deployment.md, "Your own CA, server certificate and keys")')  # fmt: skip
+        return (
+            "the key given with --auth-supernode-private-key cannot be read: Flower needs an elliptic curve "
+            "private key (P-384 here) in OpenSSH format. A PEM key from openssl converts in place with "
+            '`ssh-keygen -p -N "" -f KEY` (docs/deployment.md, "Your own CA, server certificate and keys")'
+        )
     if joining.flower_exit != CONNECTION_ERROR:
         return None
     if ACTIVATION_FAILED in joining.message:
-        return (f"the SuperLink at {superlink} refused this SuperNode; the SuperLink's log says why. "
-                "'No SuperNode found with the given public key': register this device's public key on the "
-                "SuperLink first (flwr supernode register KEY.pub CONNECTION). 'could not be activated': this key "
-                "is still online from an earlier start that did not stop cleanly; it lapses within a minute, "
-                "then start again (the systemd unit retries by itself)")  # fmt: skip
+        return (
+            f"the SuperLink at {superlink} refused this SuperNode; the SuperLink's log says why. "
+            "'No SuperNode found with the given public key': register this device's public key on the "
+            "SuperLink first (flwr supernode register KEY.pub CONNECTION). 'could not be activated': this key "
+            "is still online from an earlier start that did not stop cleanly; it lapses within a minute, "
+            "then start again (the systemd unit retries by itself)"
+        )
     if TLS_FAILED in joining.message:
         host = superlink.rsplit(":", 1)[0].strip("[]")
-        return (f"the SuperLink's certificate was not accepted: the CA certificate given with --root-certificates "
-                f"must be the one that signed it, and the certificate's subjectAltName must name {host} "
-                "(an IP: or DNS: entry)")  # fmt: skip
+        return (
+            f"the SuperLink's certificate was not accepted: the CA certificate given with --root-certificates "
+            f"must be the one that signed it, and the certificate's subjectAltName must name {host} "
+            "(an IP: or DNS: entry)"
+        )
     return f"the SuperNode could not join the SuperLink at {superlink}; the lines above say why"

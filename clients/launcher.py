@@ -286,9 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.close(joined)
     if joining.node is None:  # the SuperNode exited (refused, its Runtime API port taken, ...), or we were stopped
         return _stopped_before_ready(launcher, superlink, joining)
-    print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink}; {len(options.preload)} "
-          f"modules imported in {warm_s:.1f} s; one fork per ClientApp task from {options.runtime_address}",
-          flush=True)  # fmt: skip
+    print(
+        f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink}; {len(options.preload)} "
+        f"modules imported in {warm_s:.1f} s; one fork per ClientApp task from {options.runtime_address}",
+        flush=True,
+    )
     return launcher.serve()
 
 
@@ -297,8 +299,11 @@ def _stopped_before_ready(launcher: Launcher, superlink: str, joining: Joining) 
     launcher.stop()
     hint = exit_hint(joining, superlink)
     if hint:
-        print(f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}",
+            file=sys.stderr,
+            flush=True,
+        )
     return abs(launcher.returncode) if launcher.returncode else int(joining.flower_exit is not None)
 
 

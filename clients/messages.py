@@ -158,9 +158,12 @@ def config_bytes_per_client(config: Mapping[str, Any]) -> int:
 
 # ------------------------------------------------------------------------------------------- requests
 def train_request(
-    model: ArrayRecord, config: Mapping[str, Any], cids: list[int], extras: Mapping[int, ArrayRecord],
+    model: ArrayRecord,
+    config: Mapping[str, Any],
+    cids: list[int],
+    extras: Mapping[int, ArrayRecord],
     key: str = wire.MODEL_KEY,
-) -> RecordDict:  # fmt: skip
+) -> RecordDict:
     """A training request: the model (or, under ``wire.CATCH_UP_KEY``, its catch-up), the round's config
     naming ``cids``, and arrays for single clients."""
     content = RecordDict({key: model, wire.CONFIG_KEY: ConfigRecord({**config, wire.CIDS: cids})})

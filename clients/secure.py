@@ -70,8 +70,11 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
     examples = [out.num_examples for out in done]
     mean = [weighted_mean([c[name] for c in clipped], examples).numpy() for name in names]
     losses = [out.loss for out in done if out.loss == out.loss]
-    metrics: dict[str, Scalar] = {"clients": len(done), "failed": len(outcomes) - len(done),
-                                  "loss": float(np.mean(losses)) if losses else float("nan")}  # fmt: skip
+    metrics: dict[str, Scalar] = {
+        "clients": len(done),
+        "failed": len(outcomes) - len(done),
+        "loss": float(np.mean(losses)) if losses else float("nan"),
+    }
     parameters = ndarrays_to_parameters([np.asarray(m, np.float32) for m in mean])
     fitres = FitRes(Status(Code.OK, ""), parameters, total, metrics)
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)

@@ -92,8 +92,12 @@ class InProcessBackend(Backend):
     def build(self, app_fn: Callable[[], ClientApp]) -> None:
         """Load the ClientApp once."""
         self.app = app_fn()
-        log(INFO, "fedsketch: ClientApp calls run in the simulation process, %d at once, %d torch threads each "
-            "(no Ray)", self.workers, self.threads)  # fmt: skip
+        log(
+            INFO,
+            "fedsketch: ClientApp calls run in the simulation process, %d at once, %d torch threads each (no Ray)",
+            self.workers,
+            self.threads,
+        )
 
     def is_worker_idle(self) -> bool:
         """Flower's engine gives a message to a free worker thread; the backend itself never queues."""

@@ -125,8 +125,12 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None) 
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
-        return Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes),
-                          gpus_per_client=share, backend=backend or default_backend())  # fmt: skip
+        return Federation(
+            num_supernodes=supernodes,
+            cpus_per_client=cpus_per_node(supernodes),
+            gpus_per_client=share,
+            backend=backend or default_backend(),
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

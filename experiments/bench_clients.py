@@ -68,12 +68,24 @@ def write_images(path: Path, num_clients: int) -> None:
 
 def bench_config(path: Path, num_clients: int, batching: int, device: str) -> RunConfig:
     """The CIFAR-10 config's client settings on the images at ``path``."""
-    return RunConfig.from_mapping({
-        "dataset": "npz", "data-root": str(path), "partition": "iid", "num-clients": num_clients,
-        "clients-per-round": num_clients, "model": "resnet9", "model-norm": "group", "client-update": "gradient",
-        "local-batch-size": IMAGES_PER_CLIENT, "sketch-rows": 5, "sketch-cols": 130000, "k": 65000,
-        "client-batching": batching, "device": device,
-    })  # fmt: skip
+    return RunConfig.from_mapping(
+        {
+            "dataset": "npz",
+            "data-root": str(path),
+            "partition": "iid",
+            "num-clients": num_clients,
+            "clients-per-round": num_clients,
+            "model": "resnet9",
+            "model-norm": "group",
+            "client-update": "gradient",
+            "local-batch-size": IMAGES_PER_CLIENT,
+            "sketch-rows": 5,
+            "sketch-cols": 130000,
+            "k": 65000,
+            "client-batching": batching,
+            "device": device,
+        }
+    )
 
 
 def write_features(path: Path, num_clients: int) -> None:
@@ -190,8 +202,10 @@ def main() -> None:
             cfg = bench_config(path, args.clients, n, args.device)
             rows.append((f"vectorized, {n} clients a call", clients_per_second(cfg, weights, args.repeats)))
     name = _device_name(args.device)
-    print(f"ResNet-9 (GroupNorm, {weights.size:,} parameters), {IMAGES_PER_CLIENT} images of 32x32 a client, "
-          f"one gradient and a 5 x 130,000 sketch each, {args.clients} clients; {name}")  # fmt: skip
+    print(
+        f"ResNet-9 (GroupNorm, {weights.size:,} parameters), {IMAGES_PER_CLIENT} images of 32x32 a client, "
+        f"one gradient and a 5 x 130,000 sketch each, {args.clients} clients; {name}"
+    )
     print("| client work | clients/s | vs loop |")
     print("| --- | ---: | ---: |")
     for label, rate in rows:

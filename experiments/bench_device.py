@@ -92,8 +92,11 @@ def reference_compute(settings: dict[str, Any]) -> dict[str, float]:
     if outcome.payload is None:
         raise RuntimeError(f"the reference round failed: {outcome.error}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"import_s": imported - start, "compute_s": loaded - imported + time.perf_counter() - begin,
-            "compute_mib": (peak - base_rss) / 2**20}  # fmt: skip
+    return {
+        "import_s": imported - start,
+        "compute_s": loaded - imported + time.perf_counter() - begin,
+        "compute_mib": (peak - base_rss) / 2**20,
+    }
 
 
 def _rss() -> int:
@@ -103,8 +106,11 @@ def _rss() -> int:
 def _reference(python: str, settings: dict[str, Any]) -> dict[str, float]:
     out = subprocess.run(
         [python, "-m", "experiments.bench_device", "--reference", json.dumps(settings)],
-        cwd=APP_DIR, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=APP_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -149,13 +155,38 @@ def measure(setup: str, settings: dict[str, Any], app: Path, device_bin: Path | 
 
 
 def _print_table(results: list[tuple[str, str, dict[str, Any]]]) -> None:
-    head = ("model", "setup", "device s", "compute s", "overhead s", "ClientApp life s", "peak PSS MiB",
-            "idle PSS MiB", "round's own MiB", "peak RSS MiB", "round s (server)", "up B/round", "down B/round")  # fmt: skip
+    head = (
+        "model",
+        "setup",
+        "device s",
+        "compute s",
+        "overhead s",
+        "ClientApp life s",
+        "peak PSS MiB",
+        "idle PSS MiB",
+        "round's own MiB",
+        "peak RSS MiB",
+        "round s (server)",
+        "up B/round",
+        "down B/round",
+    )
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for model, setup, r in results:
-        cells = (model, setup, f"{r['device_s']:.2f}", f"{r['compute_s']:.2f}", f"{r['device_s'] - r['compute_s']:.2f}",
-                 f"{r['life_s']:.2f}", f"{r['pss']:.0f}", f"{r['idle_pss']:.0f}", f"{r['compute_mib']:.0f}", f"{r['rss']:.0f}",
-                 f"{r['round_s']:.2f}", f"{r['up']:,.0f}", f"{r['down']:,.0f}")  # fmt: skip
+        cells = (
+            model,
+            setup,
+            f"{r['device_s']:.2f}",
+            f"{r['compute_s']:.2f}",
+            f"{r['device_s'] - r['compute_s']:.2f}",
+            f"{r['life_s']:.2f}",
+            f"{r['pss']:.0f}",
+            f"{r['idle_pss']:.0f}",
+            f"{r['compute_mib']:.0f}",
+            f"{r['rss']:.0f}",
+            f"{r['round_s']:.2f}",
+            f"{r['up']:,.0f}",
+            f"{r['down']:,.0f}",
+        )
         print("| " + " | ".join(cells) + " |")
     if not any(setup == "today" for _, setup, _ in results):
         return
@@ -211,8 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         extra = {**MODELS[model], **({"data-root": str(data_root)} if model == "cnn" else {})}
         for setup, bin_dir, app in setups:
             work = tmp / f"{model}-{setup.replace(', ', '-').replace(' ', '-')}"
-            settings = {**node_settings(1), "num-rounds": args.rounds, "eval-every": 1, **extra,
-                        "out-dir": str(work / "run")}  # fmt: skip
+            settings = {
+                **node_settings(1),
+                "num-rounds": args.rounds,
+                "eval-every": 1,
+                **extra,
+                "out-dir": str(work / "run"),
+            }
             print(f"{model} / {setup}: {args.rounds} rounds in {work} ...", file=sys.stderr, flush=True)
             figures = measure(setup, settings, app, bin_dir, work)
             python = str(bin_dir / "python") if bin_dir is not None else sys.executable

@@ -49,12 +49,28 @@ from experiments.bench_sim import flower_run, run_plain_loop_in_child
 from fedsketch.config import RunConfig
 
 PAPER = {
-    "strategy": "fetchsgd", "dataset": "npz", "partition": "pathological", "classes-per-client": 1,
-    "samples-per-client": 5, "num-clients": 10000, "clients-per-round": 100, "eval-every": 100,
-    "model": "resnet9", "model-norm": "group", "client-update": "gradient", "local-batch-size": 5,
-    "lr": 0.4, "lr-schedule": "linear", "momentum": 0.9, "sketch-rows": 5, "sketch-cols": 500000, "k": 50000,
-    "error-feedback": "zero-buckets", "download": "sparse", "device": "auto",
-}  # fmt: skip
+    "strategy": "fetchsgd",
+    "dataset": "npz",
+    "partition": "pathological",
+    "classes-per-client": 1,
+    "samples-per-client": 5,
+    "num-clients": 10000,
+    "clients-per-round": 100,
+    "eval-every": 100,
+    "model": "resnet9",
+    "model-norm": "group",
+    "client-update": "gradient",
+    "local-batch-size": 5,
+    "lr": 0.4,
+    "lr-schedule": "linear",
+    "momentum": 0.9,
+    "sketch-rows": 5,
+    "sketch-cols": 500000,
+    "k": 50000,
+    "error-feedback": "zero-buckets",
+    "download": "sparse",
+    "device": "auto",
+}
 """Issue 17's run: the paper's CIFAR-10 shape with a 5 x 500,000 sketch and k = 50,000."""
 SMALL = {"num-clients": 200, "clients-per-round": 10, "eval-every": 2, "sketch-cols": 5000, "k": 500}
 """``--small``: the same pipeline at a size a 2-core CPU runs in seconds a round."""
@@ -96,8 +112,16 @@ def write_standin(folder: Path, num_clients: int, samples_per_client: int) -> Pa
 def paper_config(data: Path, rounds: int, batching: int, out_dir: Path, small: bool = False) -> RunConfig:
     """The run for one ``client-batching`` value."""
     settings = {**PAPER, **(SMALL if small else {})}
-    return RunConfig.from_mapping({**settings, "experiment": f"paper-b{batching}", "data-root": str(data),
-                                   "num-rounds": rounds, "client-batching": batching, "out-dir": str(out_dir)})  # fmt: skip
+    return RunConfig.from_mapping(
+        {
+            **settings,
+            "experiment": f"paper-b{batching}",
+            "data-root": str(data),
+            "num-rounds": rounds,
+            "client-batching": batching,
+            "out-dir": str(out_dir),
+        }
+    )
 
 
 class GpuMemory:
@@ -133,8 +157,10 @@ def row(name: str, result: dict[str, float], clients: int, loop_round_s: float, 
     mean = result["mean_round_s"]
     projected = result["first_round_s"] + (PAPER_ROUNDS - 1) * mean
     gpu = f"{gpu_mb:,.0f} MB" if gpu_mb is not None else ""
-    return (f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {mean / loop_round_s:.2f} | "
-            f"{result['first_round_s']:.1f} s | {projected / 60:.1f} min | {gpu} |")  # fmt: skip
+    return (
+        f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {mean / loop_round_s:.2f} | "
+        f"{result['first_round_s']:.1f} s | {projected / 60:.1f} min | {gpu} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,12 +192,16 @@ def main(argv: list[str] | None = None) -> None:
                 row(f"Flower, client-batching {batching}", flower, n, loop["mean_round_s"], flower_gpu.peak_mb)
             )
     gpu = _gpu_name()
-    print(f"FetchSGD, {base.num_clients:,} clients of {base.samples_per_client} generated 32x32x3 images of one "
-          f"class, {base.clients_per_round} a round, ResNet-9 (group norm), {base.sketch_rows} x {base.sketch_cols:,} "
-          f"sketch, k = {base.k:,}, evaluated every {base.eval_every} rounds; {args.rounds} rounds, "
-          f"{args.supernodes} simulated nodes; {gpu or f'CPU, {threads} cores'}")  # fmt: skip
-    print(f"| run | seconds a round (mean) | clients/s | vs the loop | round 1 done after | {PAPER_ROUNDS:,} rounds "
-          "| GPU memory (peak) |")  # fmt: skip
+    print(
+        f"FetchSGD, {base.num_clients:,} clients of {base.samples_per_client} generated 32x32x3 images of one "
+        f"class, {base.clients_per_round} a round, ResNet-9 (group norm), {base.sketch_rows} x {base.sketch_cols:,} "
+        f"sketch, k = {base.k:,}, evaluated every {base.eval_every} rounds; {args.rounds} rounds, "
+        f"{args.supernodes} simulated nodes; {gpu or f'CPU, {threads} cores'}"
+    )
+    print(
+        f"| run | seconds a round (mean) | clients/s | vs the loop | round 1 done after | {PAPER_ROUNDS:,} rounds "
+        "| GPU memory (peak) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(lines))
 

@@ -56,21 +56,36 @@ def main() -> None:
     labels = np.repeat(np.arange(10), 5_000)
     cases = [
         ("iid", DataSpec(partition="iid", num_clients=k), lambda: IidPartitioner(num_partitions=k)),
-        ("dirichlet(0.5)", DataSpec(partition="dirichlet", alpha=0.5, num_clients=k),
-         lambda: DirichletPartitioner(num_partitions=k, partition_by="label", alpha=0.5, min_partition_size=0, seed=0)),
-        ("pathological(2)", DataSpec(partition="pathological", classes_per_client=2, num_clients=k),
-         lambda: PathologicalPartitioner(num_partitions=k, partition_by="label", num_classes_per_partition=2, seed=0)),
-        ("shards(2)", DataSpec(partition="shards", shards_per_client=2, num_clients=k),
-         lambda: ShardPartitioner(num_partitions=k, partition_by="label", num_shards_per_partition=2, seed=0)),
-    ]  # fmt: skip
+        (
+            "dirichlet(0.5)",
+            DataSpec(partition="dirichlet", alpha=0.5, num_clients=k),
+            lambda: DirichletPartitioner(
+                num_partitions=k, partition_by="label", alpha=0.5, min_partition_size=0, seed=0
+            ),
+        ),
+        (
+            "pathological(2)",
+            DataSpec(partition="pathological", classes_per_client=2, num_clients=k),
+            lambda: PathologicalPartitioner(
+                num_partitions=k, partition_by="label", num_classes_per_partition=2, seed=0
+            ),
+        ),
+        (
+            "shards(2)",
+            DataSpec(partition="shards", shards_per_client=2, num_clients=k),
+            lambda: ShardPartitioner(num_partitions=k, partition_by="label", num_shards_per_partition=2, seed=0),
+        ),
+    ]
     print(f"{k:,} clients, 50,000 labels, 10 classes")
     print("| partition | fedsketch (best of 3) | flwr-datasets (all partitions) | ratio | assigned (ours / flwr) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, spec, make in cases:
         ours_s, ours_n = _ours(labels, spec)
         flwr_s, flwr_n = _flwr(labels, make, k)
-        print(f"| {name} | {ours_s * 1e3:.1f} ms | {flwr_s:.2f} s | {flwr_s / ours_s:.0f}x | {ours_n:,} / {flwr_n:,} |",
-              flush=True)  # fmt: skip
+        print(
+            f"| {name} | {ours_s * 1e3:.1f} ms | {flwr_s:.2f} s | {flwr_s / ours_s:.0f}x | {ours_n:,} / {flwr_n:,} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

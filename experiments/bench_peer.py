@@ -64,10 +64,21 @@ from fedsketch.config import RunConfig
 APP_DIR = Path(__file__).resolve().parent.parent
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_pfl.py"
 JOB = {
-    "num-clients": 1000, "clients-per-round": 100, "num-rounds": 30, "eval-every": 1, "seed": 0,
-    "model": "mlp", "model-hidden": 512, "client-update": "delta", "local-steps": 5, "local-batch-size": 64,
-    "client-lr": 0.1, "lr": 1.0, "momentum": 0.0, "lr-schedule": "constant",
-}  # fmt: skip
+    "num-clients": 1000,
+    "clients-per-round": 100,
+    "num-rounds": 30,
+    "eval-every": 1,
+    "seed": 0,
+    "model": "mlp",
+    "model-hidden": 512,
+    "client-update": "delta",
+    "local-steps": 5,
+    "local-batch-size": 64,
+    "client-lr": 0.1,
+    "lr": 1.0,
+    "momentum": 0.0,
+    "lr-schedule": "constant",
+}
 FETCHSGD = {"sketch-rows": 3, "sketch-cols": 30000, "k": 10000, "momentum": 0.9, "lr": 1.0}
 """FetchSGD's settings on the same clients: a 3 x 30,000 sketch (3.3x smaller than the update), top 10,000."""
 
@@ -83,8 +94,14 @@ def build_job(folder: Path) -> Path:
         owner[idx] = cid
     params = {f"param_{i:02d}": p.detach().numpy() for i, p in enumerate(make_model(cfg, data).parameters())}
     path = folder / "job.npz"
-    arrays = {"x_train": data.train_x.numpy(), "y_train": data.train_y.numpy(), "x_test": data.test_x.numpy(),
-              "y_test": data.test_y.numpy(), "client_ids": owner, **params}  # fmt: skip
+    arrays = {
+        "x_train": data.train_x.numpy(),
+        "y_train": data.train_y.numpy(),
+        "x_test": data.test_x.numpy(),
+        "y_test": data.test_y.numpy(),
+        "client_ids": owner,
+        **params,
+    }
     with open(path, "wb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub reads ** as allow_pickle
     same = load_data(RunConfig.from_mapping({**JOB, "dataset": "npz", "data-root": str(path), "partition": "natural"}))
@@ -95,8 +112,15 @@ def build_job(folder: Path) -> Path:
 
 def write_experiment(folder: Path, job: Path, strategy: str) -> Path:
     """The fedsketch experiment file for one side."""
-    run = {**JOB, "experiment": f"peer-{strategy}", "dataset": "npz", "data-root": str(job), "partition": "natural",
-           "strategy": strategy, **(FETCHSGD if strategy == "fetchsgd" else {})}  # fmt: skip
+    run = {
+        **JOB,
+        "experiment": f"peer-{strategy}",
+        "dataset": "npz",
+        "data-root": str(job),
+        "partition": "natural",
+        "strategy": strategy,
+        **(FETCHSGD if strategy == "fetchsgd" else {}),
+    }
     lines = ["[run]"] + [f"{key} = {json.dumps(value)}" for key, value in run.items()]
     path = folder / f"{strategy}.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -116,9 +140,21 @@ def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, floa
 
 def run_pfl(python: str, job: Path, folder: Path) -> dict[str, object]:
     """One pfl run: per-round times from its own clock."""
-    cmd = [python, str(PEER_SCRIPT), str(job), "--rounds", str(JOB["num-rounds"]), "--per-round",
-           str(JOB["clients-per-round"]), "--local-steps", str(JOB["local-steps"]), "--batch-size",
-           str(JOB["local-batch-size"]), "--client-lr", str(JOB["client-lr"])]  # fmt: skip
+    cmd = [
+        python,
+        str(PEER_SCRIPT),
+        str(job),
+        "--rounds",
+        str(JOB["num-rounds"]),
+        "--per-round",
+        str(JOB["clients-per-round"]),
+        "--local-steps",
+        str(JOB["local-steps"]),
+        "--batch-size",
+        str(JOB["local-batch-size"]),
+        "--client-lr",
+        str(JOB["client-lr"]),
+    ]
     log = folder / "pfl.log"
     start, wall, tree = measure(cmd, log)
     out = json.loads(log.read_text().strip().splitlines()[-1])
@@ -130,8 +166,18 @@ def run_fedsketch(
 ) -> dict[str, object]:
     """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
     out_dir = folder / "runs"
-    cmd = [sys.executable, "-m", "experiments.cli", "run", str(experiment), "--out", str(out_dir),
-           "--supernodes", str(supernodes), *(["--backend", backend] if backend else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "run",
+        str(experiment),
+        "--out",
+        str(out_dir),
+        "--supernodes",
+        str(supernodes),
+        *(["--backend", backend] if backend else []),
+    ]
     start, wall, tree = measure(cmd, folder / "fedsketch.log", checkout)
     strategy = experiment.stem
     rows = runlog.read_metrics(out_dir / f"peer-{strategy}" / strategy)
@@ -155,8 +201,10 @@ def print_table(results: dict[str, list[dict[str, object]]]) -> None:
     for name, runs in results.items():
         med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}  # type: ignore[arg-type]
         accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})  # type: ignore[arg-type]
-        print(f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
-              f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |")  # fmt: skip
+        print(
+            f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
+            f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |"
+        )
     print("\nSame-run ratios to pfl (each run against the pfl run beside it): median (min-max), then run by run:")
     print("| | seconds a round | whole command | peak PSS |")
     print("| --- | ---: | ---: | ---: |")
@@ -169,8 +217,11 @@ def print_table(results: dict[str, list[dict[str, object]]]) -> None:
         print(f"\nWhat the sketch costs: {fetchsgd} against {fedavg}, same runs:")
         print("| | seconds a round | whole command | peak PSS |")
         print("| --- | ---: | ---: | ---: |")
-        print("| FetchSGD / FedAvg | " + " | ".join(_ratios(results[fetchsgd], results[fedavg], k) for k in RATIO_KEYS)
-              + " |")  # fmt: skip
+        print(
+            "| FetchSGD / FedAvg | "
+            + " | ".join(_ratios(results[fetchsgd], results[fedavg], k) for k in RATIO_KEYS)
+            + " |"
+        )
 
 
 def _ratios(runs: list[dict[str, object]], against: list[dict[str, object]], key: str) -> str:
@@ -190,8 +241,10 @@ def print_breakdown(results: dict[str, list[dict[str, object]]]) -> None:
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for role in sorted(tree.first_seen, key=tree.first_seen.__getitem__):
             pss, anon, file, shmem = tree.at_peak.get(role, [0.0] * 4)
-            print(f"| {role} | {pss:,.0f} MB | {anon:,.0f} MB | {file:,.0f} MB | {shmem:,.0f} MB "
-                  f"| {tree.first_seen[role]:.1f} s |")  # fmt: skip
+            print(
+                f"| {role} | {pss:,.0f} MB | {anon:,.0f} MB | {file:,.0f} MB | {shmem:,.0f} MB "
+                f"| {tree.first_seen[role]:.1f} s |"
+            )
 
 
 def main() -> None:
@@ -200,13 +253,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pfl-python", default="/work/pflvenv/bin/python", help="python of pfl's environment")
     parser.add_argument("--supernodes", type=int, nargs="+", default=[2], help="one fedsketch row per value")
-    parser.add_argument("--backends", nargs="+", default=[None], choices=BACKENDS,
-                        help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
-                             "default, inprocess; an older --checkout has no choice)")  # fmt: skip
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=[None],
+        choices=BACKENDS,
+        help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
+        "default, inprocess; an older --checkout has no choice)",
+    )
     parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
     parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
-    parser.add_argument("--checkout", type=Path, default=APP_DIR,
-                        help="run the fedsketch side from this copy of the code (e.g. an earlier commit, for a baseline)")  # fmt: skip
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=APP_DIR,
+        help="run the fedsketch side from this copy of the code (e.g. an earlier commit, for a baseline)",
+    )
     args = parser.parse_args()
     if not Path(args.pfl_python).exists():
         sys.exit(f"no pfl environment at {args.pfl_python}; create it as this module's docstring says")
@@ -230,11 +292,16 @@ def main() -> None:
                 run_folder.mkdir()
                 results[name].append(side(run_folder))
                 r = results[name][-1]
-                print(f"run {i + 1} {name}: {r['round_s']:.3f} s/round, {r['total_s']:.1f} s, round 1 after "
-                      f"{r['first_round_s']:.1f} s, {r['peak_mb']:,.0f} MB, accuracy {r['accuracy']:.4f}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-    print(f"FedAvg, {JOB['num-clients']:,} clients, {JOB['clients-per-round']} a round, {JOB['num-rounds']} rounds, "
-          f"{JOB['local-steps']} local steps; {args.runs} runs each, alternated")  # fmt: skip
+                print(
+                    f"run {i + 1} {name}: {r['round_s']:.3f} s/round, {r['total_s']:.1f} s, round 1 after "
+                    f"{r['first_round_s']:.1f} s, {r['peak_mb']:,.0f} MB, accuracy {r['accuracy']:.4f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(
+        f"FedAvg, {JOB['num-clients']:,} clients, {JOB['clients-per-round']} a round, {JOB['num-rounds']} rounds, "
+        f"{JOB['local-steps']} local steps; {args.runs} runs each, alternated"
+    )
     print_table(results)
     if args.breakdown:
         print_breakdown(results)

@@ -46,12 +46,24 @@ FLOWER_REPLY_POLL_S = 0.1  # InMemoryGrid's own pull_interval
 
 def bench_config(num_clients: int, rounds: int, out_dir: Path) -> RunConfig:
     """The benchmark's run: the default job's FetchSGD settings over ``num_clients``."""
-    return RunConfig.from_mapping({
-        "experiment": f"bench-{num_clients}", "strategy": "fetchsgd", "out-dir": str(out_dir),
-        "num-clients": num_clients, "clients-per-round": 100, "num-rounds": rounds, "eval-every": 1,
-        "synthetic-devices": 1000, "partition": "iid", "sketch-rows": 3, "sketch-cols": 9000, "k": 3000,
-        "lr": 0.3, "error-feedback": "zero-buckets",
-    })  # fmt: skip
+    return RunConfig.from_mapping(
+        {
+            "experiment": f"bench-{num_clients}",
+            "strategy": "fetchsgd",
+            "out-dir": str(out_dir),
+            "num-clients": num_clients,
+            "clients-per-round": 100,
+            "num-rounds": rounds,
+            "eval-every": 1,
+            "synthetic-devices": 1000,
+            "partition": "iid",
+            "sketch-rows": 3,
+            "sketch-cols": 9000,
+            "k": 3000,
+            "lr": 0.3,
+            "error-feedback": "zero-buckets",
+        }
+    )
 
 
 # ---------------------------------------------------------------- the plain loop
@@ -117,8 +129,13 @@ def run_plain_loop_in_child(cfg: RunConfig, threads: int) -> dict[str, float]:
         "print(json.dumps(plain_loop(RunConfig.from_mapping(json.loads(sys.argv[1])), int(sys.argv[2]))))"
     )
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(cfg.to_mapping()), str(threads)], cwd=APP_DIR,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cfg.to_mapping()), str(threads)],
+        cwd=APP_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     imports_s = time.perf_counter() - t0 - result["total_s"]
     result["first_round_s"] += imports_s
@@ -200,8 +217,11 @@ def main() -> None:
             flower = flower_run(cfg, args.supernodes)
             slow_poll = flower_run(dataclasses.replace(cfg, reply_poll_s=FLOWER_REPLY_POLL_S), args.supernodes)
             rows.append((n, loop, flower, slow_poll))
-            print(f"{n} clients: loop {loop}, flower {flower}, flower polling 0.1 s {slow_poll}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"{n} clients: loop {loop}, flower {flower}, flower polling 0.1 s {slow_poll}",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"FetchSGD, 100 clients a round, {args.rounds} rounds, {args.supernodes} simulated nodes")
     print(
         "| registered clients | loop s/round (threads) | Flower s/round | ratio | Flower s/round, 0.1 s reply polling "
@@ -209,10 +229,12 @@ def main() -> None:
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, loop, flower, slow in rows:
-        print(f"| {n:,} | {loop['round_s']:.3f} ({loop['threads']:.0f}) | {flower['round_s']:.3f} | {flower['round_s'] / loop['round_s']:.2f} "
-              f"| {slow['round_s']:.3f} | {slow['round_s'] / loop['round_s']:.2f} "
-              f"| {flower['first_round_s']:.1f} s | {loop['first_round_s']:.1f} s | {flower['peak_mb']:,.0f} MB "
-              f"| {loop['peak_mb']:,.0f} MB |")  # fmt: skip
+        print(
+            f"| {n:,} | {loop['round_s']:.3f} ({loop['threads']:.0f}) | {flower['round_s']:.3f} | {flower['round_s'] / loop['round_s']:.2f} "
+            f"| {slow['round_s']:.3f} | {slow['round_s'] / loop['round_s']:.2f} "
+            f"| {flower['first_round_s']:.1f} s | {loop['first_round_s']:.1f} s | {flower['peak_mb']:,.0f} MB "
+            f"| {loop['peak_mb']:,.0f} MB |"
+        )
     if len(rows) > 1:
         growth = rows[-1][2]["peak_mb"] / rows[0][2]["peak_mb"] - 1
         print(f"Flower tree memory from {rows[0][0]:,} to {rows[-1][0]:,} clients: {growth:+.1%}")

@@ -143,8 +143,10 @@ def measure_in_fresh_process(op: str, d: int, device: torch.device) -> float:
 
 def bench(sizes: list[tuple[int, torch.device]], repeats: int, with_classic: bool) -> list[str]:
     """Rows of the markdown table."""
-    header = ("| device | d | cols | k | copy ms | accumulate ms (x copy) | topk ms (x copy) | "
-              "accumulate_sparse(k) ms | zero_buckets(k) ms | build ms | peak extra MB accumulate / topk |")  # fmt: skip
+    header = (
+        "| device | d | cols | k | copy ms | accumulate ms (x copy) | topk ms (x copy) | "
+        "accumulate_sparse(k) ms | zero_buckets(k) ms | build ms | peak extra MB accumulate / topk |"
+    )
     lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for d, device in sizes:
         cols, k = shape(d)

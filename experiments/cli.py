@@ -49,18 +49,34 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run an experiment (default: the embedded default job)")
     _add_experiment_arguments(run, example_rounds=20)
-    run.add_argument("--supernodes", type=int, default=2,
-                     help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)")  # fmt: skip
-    run.add_argument("--gpus-per-node", type=float, default=None, metavar="F",
-                     help="GPUs per simulated node, e.g. 0.25: four nodes share one GPU (default: the visible GPUs "
-                          "split evenly over the nodes; 0 without a GPU)")  # fmt: skip
-    run.add_argument("--backend", default=None, metavar="{inprocess,ray}",
-                     help="what runs the ClientApp calls: 'inprocess', Flower's simulation process itself (one "
-                          "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
-                          "(default: ray when RAY_ADDRESS is set, else inprocess)")  # fmt: skip
+    run.add_argument(
+        "--supernodes",
+        type=int,
+        default=2,
+        help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)",
+    )
+    run.add_argument(
+        "--gpus-per-node",
+        type=float,
+        default=None,
+        metavar="F",
+        help="GPUs per simulated node, e.g. 0.25: four nodes share one GPU (default: the visible GPUs "
+        "split evenly over the nodes; 0 without a GPU)",
+    )
+    run.add_argument(
+        "--backend",
+        default=None,
+        metavar="{inprocess,ray}",
+        help="what runs the ClientApp calls: 'inprocess', Flower's simulation process itself (one "
+        "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
+        "(default: ray when RAY_ADDRESS is set, else inprocess)",
+    )
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
-    run.add_argument("--no-plan", action="store_true",
-                     help="start without printing the byte plan (fedsketch plan: one in-process round per run)")  # fmt: skip
+    run.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="start without printing the byte plan (fedsketch plan: one in-process round per run)",
+    )
     plan_parser = sub.add_parser("plan", help="what each run will send (round 1 run here, no Flower), before running")
     _add_experiment_arguments(plan_parser, example_rounds=20)
     plan_parser.add_argument(
@@ -73,8 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
     report = sub.add_parser("report", help="write report.md and report.csv: accuracy and bytes per run group")
     report.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
-    report.add_argument("--target", type=float, nargs="+", default=[], metavar="ACC",
-                        help="accuracies to report bytes-to-target for (default: 90%% of the best final)")  # fmt: skip
+    report.add_argument(
+        "--target",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="ACC",
+        help="accuracies to report bytes-to-target for (default: 90%% of the best final)",
+    )
     _add_deploy_parser(sub)
     run_plan_parser = sub.add_parser(RUN_PLAN)  # internal: the second half of `run` (experiments/plan.py)
     run_plan_parser.add_argument("plan", type=Path)
@@ -84,8 +106,14 @@ def _parser() -> argparse.ArgumentParser:
 def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: int) -> None:
     """What ``run`` and ``deploy`` both take: the experiment file, overrides, seeds, strategies, results folder."""
     parser.add_argument("config", nargs="?", type=Path, help="experiment TOML file (default: the embedded default)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"override a run setting, e.g. --set num-rounds={example_rounds} (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a run setting, e.g. --set num-rounds={example_rounds} (repeatable)",
+    )
     parser.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
     parser.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
     parser.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
@@ -153,14 +181,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dep = sub.add_parser(
-        "deploy", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "deploy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run on Flower's deployment runtime (SuperLink + SuperNodes), or write a kit for real devices",
         description="Without --kit: start a SuperLink and N SuperNodes on 127.0.0.1 (one client per SuperNode,\n"
-                    "its data the partition named by its --node-config), run the experiment, stop everything.\n"
-                    "With --kit DIR: start nothing; write certificates, SuperNode keys, scripts and a systemd unit\n"
-                    "for a real server and N devices into DIR, and a run config per run of the experiment (its\n"
-                    "settings with --set applied, experiment renamed NAME-kit), and print what to run where.",
-    )  # fmt: skip
+        "its data the partition named by its --node-config), run the experiment, stop everything.\n"
+        "With --kit DIR: start nothing; write certificates, SuperNode keys, scripts and a systemd unit\n"
+        "for a real server and N devices into DIR, and a run config per run of the experiment (its\n"
+        "settings with --set applied, experiment renamed NAME-kit), and print what to run where.",
+    )
     _add_experiment_arguments(dep, example_rounds=5)
     dep.add_argument("--supernodes", type=int, default=3, help="SuperNodes, one client each (default: 3)")
     dep.add_argument("--tls", action="store_true", help="serve the SuperLink over TLS (a fresh CA and certificate)")
@@ -168,10 +197,12 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--auth", action="store_true", help="SuperNode authentication: register each node's key (needs --tls)"
     )
     dep.add_argument(
-        "--isolation", choices=("launcher", "subprocess"), default="launcher",
+        "--isolation",
+        choices=("launcher", "subprocess"),
+        default="launcher",
         help="launcher: one warm process forks a ClientApp per message (default); "
-             "subprocess: Flower's default, a fresh ClientApp process per message",
-    )  # fmt: skip
+        "subprocess: Flower's default, a fresh ClientApp process per message",
+    )
     dep.add_argument("--no-plot", action="store_true", help="do not draw plots at the end")
     dep.add_argument("--kit", type=Path, metavar="DIR", help="write a deployment kit for real devices into DIR")
     dep.add_argument("--server", metavar="HOST", help="with --kit: the server's address as devices reach it")
@@ -192,8 +223,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             if not args.server:
                 raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
             strategies = args.strategies.split(",") if args.strategies else None
-            runs = kit_runs(args.supernodes, args.config or runner.DEFAULT_CONFIG,
-                            runner.parse_overrides(args.overrides), strategies, args.seeds, str(args.out))  # fmt: skip
+            runs = kit_runs(
+                args.supernodes,
+                args.config or runner.DEFAULT_CONFIG,
+                runner.parse_overrides(args.overrides),
+                strategies,
+                args.seeds,
+                str(args.out),
+            )
             check_runs(runs)
             print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0
@@ -219,8 +256,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                         fed.stop_runs()  # the skipped run's ServerApp would go on on the shared SuperLink
                         start = time.monotonic()
                         fed.restart_supernodes()  # one may hold a message of the skipped run for good
-                        print(f"fedsketch: restarted the {args.supernodes} SuperNodes for the next run "
-                              f"({time.monotonic() - start:.1f} s)")  # fmt: skip
+                        print(
+                            f"fedsketch: restarted the {args.supernodes} SuperNodes for the next run "
+                            f"({time.monotonic() - start:.1f} s)"
+                        )
                     except RuntimeError as exc:
                         print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
                     raise

@@ -61,8 +61,10 @@ class Deployment:
         if self.num_supernodes < 1:
             raise ValueError(f"a deployment needs at least one SuperNode; got {self.num_supernodes}")
         if self.auth and not self.tls:
-            raise ValueError("SuperNode authentication needs TLS: flower-superlink refuses "
-                             "--enable-supernode-auth together with --insecure")  # fmt: skip
+            raise ValueError(
+                "SuperNode authentication needs TLS: flower-superlink refuses "
+                "--enable-supernode-auth together with --insecure"
+            )
 
 
 def node_settings(num_supernodes: int) -> dict[str, Any]:
@@ -76,8 +78,14 @@ def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, h
     cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
     if certs is None:
         return [*cmd, "--insecure"]
-    cmd += ["--ssl-ca-certfile", str(certs.ca_cert), "--ssl-certfile", str(certs.server_cert),
-            "--ssl-keyfile", str(certs.server_key)]  # fmt: skip
+    cmd += [
+        "--ssl-ca-certfile",
+        str(certs.ca_cert),
+        "--ssl-certfile",
+        str(certs.server_cert),
+        "--ssl-keyfile",
+        str(certs.server_key),
+    ]
     return [*cmd, "--enable-supernode-auth"] if auth else cmd
 
 
@@ -249,8 +257,9 @@ class LocalFederation:
             if len(nodes) >= count:
                 return nodes
             time.sleep(1.0)
-        raise RuntimeError(f"{len(nodes)} of {count} SuperNodes online after {timeout:.0f} s{error}; "
-                           f"logs in {self.work_dir / 'logs'}")  # fmt: skip
+        raise RuntimeError(
+            f"{len(nodes)} of {count} SuperNodes online after {timeout:.0f} s{error}; logs in {self.work_dir / 'logs'}"
+        )
 
     # --------------------------------------------------------------- runs
     def flwr(self, *args: str) -> str:
@@ -326,8 +335,9 @@ class LocalFederation:
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log(name), "ab") as log:
-            proc = subprocess.Popen([_program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [_program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.procs[name] = proc
         return proc
 

@@ -80,10 +80,15 @@ class InProcessGrid:
     """
 
     def __init__(
-        self, run_config: dict[str, Any], num_nodes: int = 2, tamper: Tamper | None = None,
-        shuffle_seed: int | None = None, app: Callable[[Message, Context], Message] = client_app,
-        deliver: Callable[[Message], Message] | None = None, late: Mapping[int, int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        run_config: dict[str, Any],
+        num_nodes: int = 2,
+        tamper: Tamper | None = None,
+        shuffle_seed: int | None = None,
+        app: Callable[[Message, Context], Message] = client_app,
+        deliver: Callable[[Message], Message] | None = None,
+        late: Mapping[int, int] | None = None,
+    ) -> None:
         self.contexts = {
             nid: Context(
                 run_id=1,

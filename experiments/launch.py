@@ -258,8 +258,16 @@ def simulation_superlink(
     port = free_port()
     (flwr_home / "config.toml").write_text(federation.toml(f"127.0.0.1:{port}"), encoding="utf-8")
     env = {**flower_env(flwr_home), BACKEND_ENV: federation.backend}
-    cmd = [bin_path("flower-superlink"), "--insecure", "--simulation", "--disable-runtime-dependency-installation",
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd = [
+        bin_path("flower-superlink"),
+        "--insecure",
+        "--simulation",
+        "--disable-runtime-dependency-installation",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -302,9 +310,13 @@ def flwr_run(
 
 
 def _flwr_run(
-    app_dir: Path, run_config: Path, env: dict[str, str], log_file: Path, finished: Callable[[], bool],
+    app_dir: Path,
+    run_config: Path,
+    env: dict[str, str],
+    log_file: Path,
+    finished: Callable[[], bool],
     poll: Callable[[], None] | None,
-) -> int:  # fmt: skip
+) -> int:
     """``flwr run`` of the staged app until it ends or the ServerApp has marked the run done."""
     cmd = [bin_path("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(run_config)]
     with open(log_file, "ab") as log:

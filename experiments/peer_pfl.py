@@ -62,9 +62,13 @@ class MLP(nn.Module):
     def __init__(self, features: int, hidden: int, classes: int) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Flatten(), nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, classes),
-        )  # fmt: skip
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -164,19 +168,23 @@ def main() -> None:
     clock = RoundClock()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(
-            central_num_iterations=args.rounds, evaluation_frequency=args.rounds + 1,
-            train_cohort_size=args.per_round, val_cohort_size=None,
+            central_num_iterations=args.rounds,
+            evaluation_frequency=args.rounds + 1,
+            train_cohort_size=args.per_round,
+            val_cohort_size=None,
         ),
         backend=SimulatedBackend(training_data=train, val_data=train, postprocessors=[WeightByDatapoints()]),
         model=pfl_model,
         model_train_params=NNTrainHyperParams(
-            local_num_epochs=None, local_learning_rate=args.client_lr, local_batch_size=args.batch_size,
+            local_num_epochs=None,
+            local_learning_rate=args.client_lr,
+            local_batch_size=args.batch_size,
             local_num_steps=args.local_steps,
         ),
         model_eval_params=NNEvalHyperParams(local_batch_size=EVAL_BATCH),
         callbacks=[CentralEvaluationCallback(central, NNEvalHyperParams(local_batch_size=EVAL_BATCH)), clock],
         send_metrics_to_platform=False,
-    )  # fmt: skip
+    )
     print(json.dumps({"round_ends": clock.ends, "accuracy": clock.accuracy, "loss": clock.loss}))
 
 

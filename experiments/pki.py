@@ -121,10 +121,16 @@ def _builder(
 
 def _key_usage(cert_sign: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-        key_agreement=not cert_sign, key_cert_sign=cert_sign, crl_sign=cert_sign,
-        encipher_only=False, decipher_only=False,
-    )  # fmt: skip
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=not cert_sign,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _general_name(host: str) -> x509.GeneralName:

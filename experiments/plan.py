@@ -127,8 +127,9 @@ def run_plan(validated: Plan) -> int:
 
         def execute(run: PlannedRun, path: Path) -> int:
             watcher = RunWatcher(progress, runner.describe(run), path, run.num_rounds)
-            return flwr_run(APP_DIR, path / "run_config.toml", validated.federation, path,
-                            poll=stopping.checked(watcher))  # fmt: skip
+            return flwr_run(
+                APP_DIR, path / "run_config.toml", validated.federation, path, poll=stopping.checked(watcher)
+            )
 
         results = runner.run_all(validated.runs, execute)
     return conclude(results, invocation, runlog.experiment_dir(validated.runs[0]), plot=validated.plot)
@@ -139,8 +140,10 @@ def conclude(results: Sequence[tuple[RunSpec, str]], invocation: Invocation, exp
     _print_outcomes(results)
     stop = invocation.stopped_by
     if stop is not None:
-        print(f"fedsketch: stopped by {stop.cause}; what the runs measured is kept under {exp_dir} "
-              f"(fedsketch plot / report {exp_dir}); a new `fedsketch run` restarts or resumes them")  # fmt: skip
+        print(
+            f"fedsketch: stopped by {stop.cause}; what the runs measured is kept under {exp_dir} "
+            f"(fedsketch plot / report {exp_dir}); a new `fedsketch run` restarts or resumes them"
+        )
         return stop.exit_code
     if plot:
         _plot_and_report(exp_dir)

@@ -121,8 +121,11 @@ def _plot_pareto(groups: list[RunGroup], title: str, out_dir: Path) -> Plot:
     ax.plot(
         [float(points[n].x[0]) for n in front],
         [float(points[n].mean[0]) for n in front],
-        color="black", linestyle="--", linewidth=1, label="Pareto front",
-    )  # fmt: skip
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label="Pareto front",
+    )
     _finish(ax, f"{title}: final accuracy vs total upload bytes", "total upload bytes", "final test accuracy", True)
     return Plot(_save(fig, out_dir / f"{PARETO}.png"), points, front, _xticks(ax))
 

@@ -99,8 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     last = {name: values[-1] for name, values in plot.series.items()}
-    print(f"wrote {plot.path} ({len(plot.rounds)} rows; last row: "
-          + ", ".join(f"{name} {value:.4f}" for name, value in last.items()) + ")")  # fmt: skip
+    print(
+        f"wrote {plot.path} ({len(plot.rounds)} rows; last row: "
+        + ", ".join(f"{name} {value:.4f}" for name, value in last.items())
+        + ")"
+    )
     return 0
 
 

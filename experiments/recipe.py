@@ -32,9 +32,13 @@ KIT_SUFFIX = "-kit"  # a kit's experiment is its file's, renamed: never the fold
 
 
 def kit_runs(
-    num_devices: int, experiment_file: Path = DEFAULT_CONFIG, overrides: Mapping[str, Any] | None = None,
-    strategies: list[str] | None = None, seeds: int | None = None, out_dir: str = "runs",
-) -> tuple[RunConfig, ...]:  # fmt: skip
+    num_devices: int,
+    experiment_file: Path = DEFAULT_CONFIG,
+    overrides: Mapping[str, Any] | None = None,
+    strategies: list[str] | None = None,
+    seeds: int | None = None,
+    out_dir: str = "runs",
+) -> tuple[RunConfig, ...]:
     """The runs of ``experiment_file`` as a kit's devices run them: one client per SuperNode.
 
     Settings come in the order ``fedsketch deploy`` applies them: the file, one
@@ -136,8 +140,10 @@ def _instructions(
     rel = ServerCertificates(*(Path("server") / p.name for p in (certs.ca_cert, certs.server_cert, certs.server_key)))
     link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0"))
     register = "\n".join(f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n))
-    runs = "\n".join(f"     admin/{name}: {cfg.strategy}, {cfg.num_rounds} rounds -> {runlog.run_dir(cfg)}/metrics.jsonl"
-                     for name, cfg in files.items())  # fmt: skip
+    runs = "\n".join(
+        f"     admin/{name}: {cfg.strategy}, {cfg.num_rounds} rounds -> {runlog.run_dir(cfg)}/metrics.jsonl"
+        for name, cfg in files.items()
+    )
     device_0 = shlex.join(supernode_command(f"{server}:{port}", SUPERNODE_PORT, 0, n, Path("ca.crt"), Path("node-0")))
     return f"""\
 fedsketch deployment kit in {folder}: 1 SuperLink at {server}:{port}, {n} SuperNode(s), TLS and SuperNode auth.

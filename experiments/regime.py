@@ -147,16 +147,22 @@ def draw(points: list[Point], out_dir: Path) -> Path:
     three = [p for p in points if int(p.run.settings["sketch-rows"]) == 3]
     for model in models:
         for frac, style in ((0.01, "-"), (0.001, "--")):
-            line = sorted((p for p in three if p.run.model == model and _near(p.k_fraction, frac)),
-                          key=lambda p: p.cols_per_k)  # fmt: skip
+            line = sorted(
+                (p for p in three if p.run.model == model and _near(p.k_fraction, frac)), key=lambda p: p.cols_per_k
+            )
             if not line:
                 continue
             xs = [p.cols_per_k for p in line]
             label = f"{model}, k = {frac:.1%} of d"
             axes[0].plot(xs, [p.run.mean_recall for p in line], style, marker="o", color=colours[model], label=label)
             for p in line:
-                axes[0].annotate(f"{p.run.upload_compression:.0f}x", (p.cols_per_k, p.run.mean_recall), fontsize=7,
-                                 textcoords="offset points", xytext=(4, 3))  # fmt: skip
+                axes[0].annotate(
+                    f"{p.run.upload_compression:.0f}x",
+                    (p.cols_per_k, p.run.mean_recall),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(4, 3),
+                )
             gaps = [(p.cols_per_k, p.gap) for p in line if p.gap is not None]
             if gaps:
                 axes[1].plot(*zip(*gaps, strict=True), style, marker="o", color=colours[model], label=label)
@@ -164,8 +170,14 @@ def draw(points: list[Point], out_dir: Path) -> Path:
     _rounds_panel(axes[3], points, colours)
     axes[0].axhline(0.5, color="grey", lw=0.8, ls=":")
     axes[1].axhline(0.0, color="grey", lw=0.8, ls=":")
-    for ax, title in zip(axes[:2], ("(a) recall of the true top-k, mean over the run (labels: upload compression)",
-                                    "(b) final accuracy: FetchSGD - true top-k (points)"), strict=True):  # fmt: skip
+    for ax, title in zip(
+        axes[:2],
+        (
+            "(a) recall of the true top-k, mean over the run (labels: upload compression)",
+            "(b) final accuracy: FetchSGD - true top-k (points)",
+        ),
+        strict=True,
+    ):
         ax.set_xscale("log")
         ax.set_xlabel("sketch columns per k (3 rows)")
         ax.set_title(title, fontsize=9)
@@ -190,8 +202,14 @@ def _rows_panel(ax: Any, points: list[Point], colours: dict[str, str]) -> None:
             continue
         line.sort(key=lambda p: int(p.run.settings["sketch-rows"]))
         rows = [int(p.run.settings["sketch-rows"]) for p in line]
-        ax.plot(rows, [p.run.mean_recall for p in line], marker="o", color=colours[model],
-                ls="-" if cols / k > 5 else "--", label=f"{model}, k {k:,}, {cols:,} cols")  # fmt: skip
+        ax.plot(
+            rows,
+            [p.run.mean_recall for p in line],
+            marker="o",
+            color=colours[model],
+            ls="-" if cols / k > 5 else "--",
+            label=f"{model}, k {k:,}, {cols:,} cols",
+        )
     ax.set_xlabel("sketch rows")
     ax.set_ylim(0, 1.02)
     ax.set_title("(c) recall against rows", fontsize=9)
@@ -199,19 +217,38 @@ def _rows_panel(ax: Any, points: list[Point], colours: dict[str, str]) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     else:
-        ax.text(0.5, 0.5, "no run measured at\nmore than one row count", ha="center", va="center",
-                transform=ax.transAxes, fontsize=9, color="grey")  # fmt: skip
+        ax.text(
+            0.5,
+            0.5,
+            "no run measured at\nmore than one row count",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=9,
+            color="grey",
+        )
 
 
 def _rounds_panel(ax: Any, points: list[Point], colours: dict[str, str]) -> None:
     """Recall over rounds: per model, the 3-row run at k = 1% of d with the most columns per k up to 10."""
     for model in sorted(colours):
-        pick = [p for p in points if p.run.model == model and int(p.run.settings["sketch-rows"]) == 3
-                and _near(p.k_fraction, 0.01) and p.cols_per_k <= 10]  # fmt: skip
+        pick = [
+            p
+            for p in points
+            if p.run.model == model
+            and int(p.run.settings["sketch-rows"]) == 3
+            and _near(p.k_fraction, 0.01)
+            and p.cols_per_k <= 10
+        ]
         if pick:
             p = max(pick, key=lambda q: q.cols_per_k)
-            ax.plot(p.run.rounds, p.run.recall, marker=".", color=colours[model],
-                    label=f"{model}, {p.cols_per_k:.0f} cols per k")  # fmt: skip
+            ax.plot(
+                p.run.rounds,
+                p.run.recall,
+                marker=".",
+                color=colours[model],
+                label=f"{model}, {p.cols_per_k:.0f} cols per k",
+            )
     ax.set_xlabel("round")
     ax.set_ylim(0, 1.02)
     ax.set_title("(d) recall over the run (k = 1% of d; mean since the previous row)", fontsize=9)
@@ -221,8 +258,10 @@ def _rounds_panel(ax: Any, points: list[Point], colours: dict[str, str]) -> None
 
 def table(points: list[Point]) -> str:
     """The figure's numbers as Markdown, one row per FetchSGD run."""
-    header = ("| experiment | model | k (of d) | rows x cols | cols per k | upload compression | recall, mean"
-              " | recall, last row | FetchSGD acc. | true top-k acc. | gap (points) |")  # fmt: skip
+    header = (
+        "| experiment | model | k (of d) | rows x cols | cols per k | upload compression | recall, mean"
+        " | recall, last row | FetchSGD acc. | true top-k acc. | gap (points) |"
+    )
     lines = [header, "|" + "---|" * 11]
     for p in sorted(points, key=_order):
         s = p.run.settings

@@ -136,8 +136,16 @@ def write_report(experiment_dir: Path, targets: Sequence[float] = ()) -> tuple[R
 
 def to_markdown(report: Report) -> str:
     """The report as Markdown: how to read it, the table, the Pareto front."""
-    header = ["run", "seeds", "rounds", "final accuracy", "upload", "download", "upload compression",
-              f"total compression vs {report.reference or REFERENCE}"]  # fmt: skip
+    header = [
+        "run",
+        "seeds",
+        "rounds",
+        "final accuracy",
+        "upload",
+        "download",
+        "upload compression",
+        f"total compression vs {report.reference or REFERENCE}",
+    ]
     for t in report.targets:
         header += [f"upload to {t:g}", f"up+down to {t:g}"]
     lines = [f"# {report.experiment}", "", *_intro(report), "", "| " + " | ".join(header) + " |"]

@@ -206,8 +206,13 @@ class Invocation:
 
     def _save(self) -> None:
         run = None if self.run is None else [str(self.run[0]), self.run[1]]
-        entry = {"token": self.token, "pid": os.getpid(), "pid-start": procs.start_time(os.getpid()),
-                 "command": self.command, "run": run}  # fmt: skip
+        entry = {
+            "token": self.token,
+            "pid": os.getpid(),
+            "pid-start": procs.start_time(os.getpid()),
+            "command": self.command,
+            "run": run,
+        }
         self.entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.entry.with_suffix(".tmp")
         tmp.write_text(json.dumps(entry) + "\n", encoding="utf-8")
@@ -238,8 +243,10 @@ def reap(records: Path, grace_s: float = GRACE_S) -> list[str]:
                 note = f"; its run {path} is marked interrupted"
         file.unlink(missing_ok=True)
         if count or note:
-            lines.append(f"fedsketch: stopped {count} processes left by `fedsketch {entry['command']}` "
-                         f"(pid {entry['pid']}), which ended without stopping them{note}")  # fmt: skip
+            lines.append(
+                f"fedsketch: stopped {count} processes left by `fedsketch {entry['command']}` "
+                f"(pid {entry['pid']}), which ended without stopping them{note}"
+            )
     return lines
 
 

@@ -17,9 +17,20 @@ import torch
 from fedsketch.download import DownloadLedger
 
 COUNTERS = (
-    "upload", "download", "download_sent", "dense", "clients", "failures", "timeouts", "client_errors", "rejected",
-    "skipped_rounds", "clipped", "sparse_downloads", "diagnostic",
-)  # fmt: skip
+    "upload",
+    "download",
+    "download_sent",
+    "dense",
+    "clients",
+    "failures",
+    "timeouts",
+    "client_errors",
+    "rejected",
+    "skipped_rounds",
+    "clipped",
+    "sparse_downloads",
+    "diagnostic",
+)
 """Totals kept over the run; metrics rows report each since the previous row."""
 
 

@@ -107,8 +107,9 @@ def load(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
         raise CheckpointError(f"{refuse}: it is not a fedsketch checkpoint (bad header). Delete it to start over.")
     digest, data = raw[len(MAGIC) : len(MAGIC) + 32], raw[len(MAGIC) + 32 :]
     if hashlib.sha256(data).digest() != digest:
-        raise CheckpointError(f"{refuse}: it is corrupt (checksum mismatch: truncated or modified). "
-                              "Delete it to start over.")  # fmt: skip
+        raise CheckpointError(
+            f"{refuse}: it is corrupt (checksum mismatch: truncated or modified). Delete it to start over."
+        )
     try:
         tree = torch.load(io.BytesIO(data), weights_only=True)
         version, saved = tree.pop("version"), tree.pop("config")
@@ -121,15 +122,20 @@ def load(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
     for name, size in ckpt.logs.items():
         have = (run_dir / name).stat().st_size if (run_dir / name).exists() else 0
         if have < size:
-            raise CheckpointError(f"{refuse}: {name} has {have} bytes, fewer than the {size} it had at round "
-                                  f"{ckpt.round} (was it edited?)")  # fmt: skip
+            raise CheckpointError(
+                f"{refuse}: {name} has {have} bytes, fewer than the {size} it had at round "
+                f"{ckpt.round} (was it edited?)"
+            )
     return ckpt
 
 
 def _check_same_settings(refuse: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     keys = sorted(set(saved) | set(current))
-    differ = [f"'{k}' {saved.get(k, '(unset)')!r} -> {current.get(k, '(unset)')!r}" for k in keys
-              if saved.get(k) != current.get(k)]  # fmt: skip
+    differ = [
+        f"'{k}' {saved.get(k, '(unset)')!r} -> {current.get(k, '(unset)')!r}"
+        for k in keys
+        if saved.get(k) != current.get(k)
+    ]
     if differ:
         raise CheckpointError(
             f"{refuse}: it was written by a run with other settings ({'; '.join(differ[:6])}). "

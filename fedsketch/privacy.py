@@ -58,10 +58,9 @@ def rdp_sampled_gaussian(q: float, noise_multiplier: float, order: int) -> float
     if q == 1.0:
         return order / (2 * noise_multiplier**2)
     terms = [
-        _log_binom(order, k) + (order - k) * math.log1p(-q) + k * math.log(q)
-        + (k * k - k) / (2 * noise_multiplier**2)
+        _log_binom(order, k) + (order - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * noise_multiplier**2)
         for k in range(order + 1)
-    ]  # fmt: skip
+    ]
     return _logsumexp(terms) / (order - 1)
 
 
@@ -100,6 +99,10 @@ def privacy_metrics(cfg: RunConfig, rounds: int) -> dict[str, float]:
     q = cfg.clients_per_round / cfg.num_clients
     eps, order = epsilon(q, cfg.dp_noise_multiplier, rounds, cfg.dp_delta)
     return {
-        "dp_epsilon": eps, "dp_delta": cfg.dp_delta, "dp_noise_multiplier": cfg.dp_noise_multiplier,
-        "dp_sampling_rate": q, "dp_rounds": rounds, "dp_order": order,
-    }  # fmt: skip
+        "dp_epsilon": eps,
+        "dp_delta": cfg.dp_delta,
+        "dp_noise_multiplier": cfg.dp_noise_multiplier,
+        "dp_sampling_rate": q,
+        "dp_rounds": rounds,
+        "dp_order": order,
+    }

@@ -98,8 +98,15 @@ def append_metrics(path: Path, row: dict[str, Any], name: str = "metrics.jsonl")
 
 
 ROW_COUNTS = (
-    "clients", "failures", "timeouts", "client_errors", "rejected", "skipped_rounds", "clipped", "sparse_downloads",
-)  # fmt: skip
+    "clients",
+    "failures",
+    "timeouts",
+    "client_errors",
+    "rejected",
+    "skipped_rounds",
+    "clipped",
+    "sparse_downloads",
+)
 """Counts a metrics row reports since the previous row."""
 
 
@@ -115,13 +122,22 @@ def metrics_row(
     """
     since, total = books.take_row(), books.totals
     row: dict[str, Any] = {
-        "round": server_round, "strategy": cfg.strategy, "seed": cfg.seed,
-        "test_accuracy": accuracy, "test_loss": loss, "train_loss": books.last_loss,
-        "upload_bytes": since["upload"], "download_bytes": since["download"], "dense_upload_bytes": since["dense"],
-        "cum_upload_bytes": total["upload"], "cum_download_bytes": total["download"],
-        "cum_dense_upload_bytes": total["dense"], **{key: since[key] for key in ROW_COUNTS},
-        "download_sent_bytes": since["download_sent"], "cum_download_sent_bytes": total["download_sent"],
-    }  # fmt: skip
+        "round": server_round,
+        "strategy": cfg.strategy,
+        "seed": cfg.seed,
+        "test_accuracy": accuracy,
+        "test_loss": loss,
+        "train_loss": books.last_loss,
+        "upload_bytes": since["upload"],
+        "download_bytes": since["download"],
+        "dense_upload_bytes": since["dense"],
+        "cum_upload_bytes": total["upload"],
+        "cum_download_bytes": total["download"],
+        "cum_dense_upload_bytes": total["dense"],
+        **{key: since[key] for key in ROW_COUNTS},
+        "download_sent_bytes": since["download_sent"],
+        "cum_download_sent_bytes": total["download_sent"],
+    }
     if cfg.diagnose_sketch:
         row.update(diagnostic_bytes=since["diagnostic"], cum_diagnostic_bytes=total["diagnostic"])
     return {**row, "wall_s": round(wall_s, 3), "unix_time": round(time.time(), 3)}
@@ -142,8 +158,13 @@ def write_status(path: Path, state: str, cause: str, num_rounds: int) -> dict[st
     The last round its metrics reached is recorded beside the planned ``num_rounds``.
     """
     rows = read_metrics(path)
-    status = {"state": state, "cause": cause, "round": rows[-1]["round"] if rows else 0, "num-rounds": num_rounds,
-              "unix-time": time.time()}  # fmt: skip
+    status = {
+        "state": state,
+        "cause": cause,
+        "round": rows[-1]["round"] if rows else 0,
+        "num-rounds": num_rounds,
+        "unix-time": time.time(),
+    }
     _atomic_write(path / STATUS, json.dumps(status, indent=2, sort_keys=True) + "\n")
     return status
 

@@ -82,8 +82,15 @@ class CountSketch:
         the upload at a small cost in accuracy (see the tests).
     """
 
-    def __init__(self, d: int, rows: int, cols: int, seed: int = 0,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+    def __init__(
+        self,
+        d: int,
+        rows: int,
+        cols: int,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         d, rows, cols, seed = (
             _int_arg("d", d),
             _int_arg("rows", rows),
@@ -150,8 +157,10 @@ class CountSketch:
         return self._table.dtype
 
     def __repr__(self) -> str:
-        return (f"CountSketch(d={self.d}, rows={self.rows}, cols={self.cols}, seed={self.seed}, "
-                f"device={self.device}, dtype={self.dtype})")  # fmt: skip
+        return (
+            f"CountSketch(d={self.d}, rows={self.rows}, cols={self.cols}, seed={self.seed}, "
+            f"device={self.device}, dtype={self.dtype})"
+        )
 
     # ------------------------------------------------------------ building
     def accumulate(self, vec: torch.Tensor) -> CountSketch:
@@ -324,8 +333,11 @@ class CountSketch:
         return out
 
     def _check_mergeable(self, other: CountSketch) -> None:
-        differ = [f"{name} ({getattr(self, name)} vs {getattr(other, name)})"
-                  for name in ("d", "rows", "cols", "seed", "device") if getattr(self, name) != getattr(other, name)]  # fmt: skip
+        differ = [
+            f"{name} ({getattr(self, name)} vs {getattr(other, name)})"
+            for name in ("d", "rows", "cols", "seed", "device")
+            if getattr(self, name) != getattr(other, name)
+        ]
         if differ:
             raise ValueError("cannot merge sketches with different " + ", ".join(differ))
 
@@ -360,8 +372,9 @@ class CountSketch:
         return indices
 
 
-def _keep_largest(idx: torch.Tensor, val: torch.Tensor, k: int,
-                  by_index: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _keep_largest(
+    idx: torch.Tensor, val: torch.Tensor, k: int, by_index: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``k`` candidates of largest ``|val|`` (ties: smaller index), and the k-th magnitude.
 
     Candidates arrive in increasing index order, so a stable descending sort

@@ -29,19 +29,46 @@ if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "strategy": NAMES, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS, "model_norm": NORMS,
-    "client_update": ("gradient", "delta"), "client_state": ("memory", "disk"),
-    "client_assignment": ("cohort", "node"), "device": ("auto", "cpu", "cuda"), "lr_schedule": SCHEDULES,
+    "strategy": NAMES,
+    "dataset": DATASETS,
+    "partition": PARTITIONS,
+    "model": MODELS,
+    "model_norm": NORMS,
+    "client_update": ("gradient", "delta"),
+    "client_state": ("memory", "disk"),
+    "client_assignment": ("cohort", "node"),
+    "device": ("auto", "cpu", "cuda"),
+    "lr_schedule": SCHEDULES,
     "download": DOWNLOAD_MODES,
-}  # fmt: skip
+}
 POSITIVE = (
-    "num_rounds", "num_clients", "clients_per_round", "eval_every", "model_hidden", "local_batch_size",
-    "local_steps", "sketch_rows", "sketch_cols", "k", "min_replies", "min_nodes", "max_client_state_mb",
-)  # fmt: skip
+    "num_rounds",
+    "num_clients",
+    "clients_per_round",
+    "eval_every",
+    "model_hidden",
+    "local_batch_size",
+    "local_steps",
+    "sketch_rows",
+    "sketch_cols",
+    "k",
+    "min_replies",
+    "min_nodes",
+    "max_client_state_mb",
+)
 NON_NEGATIVE = (
-    "seed", "samples_per_client", "weight_decay", "synthetic_devices", "quantizer_bucket_size", "download_k",
-    "client_batching", "clip_norm", "dp_noise_multiplier", "checkpoint_every", "num_classes",
-)  # fmt: skip
+    "seed",
+    "samples_per_client",
+    "weight_decay",
+    "synthetic_devices",
+    "quantizer_bucket_size",
+    "download_k",
+    "client_batching",
+    "clip_norm",
+    "dp_noise_multiplier",
+    "checkpoint_every",
+    "num_classes",
+)
 
 
 def check(cfg: RunConfig) -> None:

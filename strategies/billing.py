@@ -51,9 +51,15 @@ def requests(books: Books, records: Mapping[int, ArrayRecord]) -> None:
 
 
 def node_request(
-    books: Books, cfg: RunConfig, plan: RoundPlan, node: int, model: ArrayRecord, weights: torch.Tensor,
-    config: dict[str, Any], extras: Mapping[int, ArrayRecord],
-) -> RecordDict:  # fmt: skip
+    books: Books,
+    cfg: RunConfig,
+    plan: RoundPlan,
+    node: int,
+    model: ArrayRecord,
+    weights: torch.Tensor,
+    config: dict[str, Any],
+    extras: Mapping[int, ArrayRecord],
+) -> RecordDict:
     """One client per node: its message, the model or (a device that kept it) the smaller catch-up, billed as sent."""
     cid = books.node_cid.get(node)
     since = download.base_round(books.ledger, cid, cfg.download_from_init) if cfg.download == "sparse" else None
@@ -88,9 +94,8 @@ def second_exchange(
     config: dict[str, Any] = {wire.ROUND: plan.server_round, wire.PHASE: 2}
     books.add("download", (messages.wire_bytes(record) + messages.config_bytes_per_client(config)) * len(wanted))
     requests = [
-        Message(content=messages.query_request(record, config, cids), message_type=MessageType.TRAIN,
-                dst_node_id=node)
+        Message(content=messages.query_request(record, config, cids), message_type=MessageType.TRAIN, dst_node_id=node)
         for node, cids in sent.items()
-    ]  # fmt: skip
+    ]
     books.add("download_sent", sum(messages.wire_bytes(m.content) for m in requests))
     return sent, requests

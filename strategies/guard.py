@@ -62,9 +62,11 @@ def screen(
 
 
 def clip_updates(
-    updates: list[ClientUpdate], bound: float, norm_of: Callable[[ClientUpdate], float],
+    updates: list[ClientUpdate],
+    bound: float,
+    norm_of: Callable[[ClientUpdate], float],
     scale: Callable[[ClientUpdate, float], ClientUpdate],
-) -> tuple[list[ClientUpdate], int]:  # fmt: skip
+) -> tuple[list[ClientUpdate], int]:
     """Each update scaled to ``norm_of(u) <= bound``; also returns how many had to be scaled."""
     out, clipped = [], 0
     for u in updates:
@@ -112,9 +114,12 @@ def noisy_mean(
         payload[name] = ((total + noise) / expected).numpy().astype(arr.dtype)
     losses = [u.loss for u in updates if u.loss == u.loss]
     return ClientUpdate(
-        cid=-1, payload=payload, num_examples=1, loss=float(np.mean(losses)) if losses else float("nan"),
+        cid=-1,
+        payload=payload,
+        num_examples=1,
+        loss=float(np.mean(losses)) if losses else float("nan"),
         upload_bytes=sum(u.upload_bytes for u in updates),
-    )  # fmt: skip
+    )
 
 
 def all_finite(value: object) -> bool:

@@ -87,9 +87,13 @@ def replying_node(msg: Message, requested: Mapping[str, int]) -> int:
 
 
 def collect(
-    replies: Iterable[Message], sent: dict[int, list[int]], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
-    diagnostic: PayloadSpec | None = None, requested: Mapping[str, int] | None = None,
-) -> RoundReplies:  # fmt: skip
+    replies: Iterable[Message],
+    sent: dict[int, list[int]],
+    spec: PayloadSpec | PayloadCheck,
+    limits: ReplyLimits,
+    diagnostic: PayloadSpec | None = None,
+    requested: Mapping[str, int] | None = None,
+) -> RoundReplies:
     """Parse and validate replies; ``sent`` maps node id -> the cids it was asked for.
 
     ``spec`` is either the exact layout or a function that decodes a payload
@@ -142,9 +146,14 @@ def _cids_in(found: Records) -> list[int]:
 
 
 def _collect_content(
-    found: Records, node: int, asked: list[int], spec: PayloadSpec | PayloadCheck, limits: ReplyLimits,
-    out: RoundReplies, diagnostic_spec: PayloadSpec | None,
-) -> None:  # fmt: skip
+    found: Records,
+    node: int,
+    asked: list[int],
+    spec: PayloadSpec | PayloadCheck,
+    limits: ReplyLimits,
+    out: RoundReplies,
+    diagnostic_spec: PayloadSpec | None,
+) -> None:
     configs, array_records, metric_records = found.configs, found.arrays, found.metrics
     for cid in asked:
         if wire.failure_key(cid) in configs:

@@ -55,10 +55,15 @@ def checkpoint_round(
     if out_dir is None or not every or (server_round % every and server_round != num_rounds):
         return
     ckpt = Checkpoint(
-        round=server_round, weights=saved.weights.detach().cpu(), state=checkpoint.state_to_tree(saved.state),
-        books=checkpoint.books_to_tree(saved.books), noise=saved.noise, rng=checkpoint.capture_rng(),
-        logs=checkpoint.log_sizes(out_dir), elapsed=elapsed,
-    )  # fmt: skip
+        round=server_round,
+        weights=saved.weights.detach().cpu(),
+        state=checkpoint.state_to_tree(saved.state),
+        books=checkpoint.books_to_tree(saved.books),
+        noise=saved.noise,
+        rng=checkpoint.capture_rng(),
+        logs=checkpoint.log_sizes(out_dir),
+        elapsed=elapsed,
+    )
     checkpoint.save(out_dir, cfg, ckpt)
 
 

@@ -117,9 +117,13 @@ class Bridge(LegacyStrategy):
 
 
 def secure_mean(
-    grid: Grid, sent: dict[int, list[int]], weights: np.ndarray, config: dict[str, Any], max_weight: float,
+    grid: Grid,
+    sent: dict[int, list[int]],
+    weights: np.ndarray,
+    config: dict[str, Any],
+    max_weight: float,
     timeout: float,
-) -> tuple[Bridge, CountingGrid]:  # fmt: skip
+) -> tuple[Bridge, CountingGrid]:
     """Run one SecAgg+ round over the nodes of ``sent``; the bridge holds the mean (``None`` if it halted).
 
     ``max_weight`` bounds a node's example count (Flower warns, and may
@@ -136,9 +140,13 @@ def secure_mean(
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: config[wire.ROUND]})
     context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
     workflow = SecAggPlusWorkflow(
-        num_shares=1.0, reconstruction_threshold=0.5, max_weight=max_weight,
-        clipping_range=CLIPPING_RANGE, quantization_range=QUANTIZATION_RANGE, timeout=timeout,
-    )  # fmt: skip
+        num_shares=1.0,
+        reconstruction_threshold=0.5,
+        max_weight=max_weight,
+        clipping_range=CLIPPING_RANGE,
+        quantization_range=QUANTIZATION_RANGE,
+        timeout=timeout,
+    )
     workflow(counting, context)  # type: ignore[arg-type]
     return bridge, counting
 
@@ -158,9 +166,14 @@ class SecureRound:
 
 
 def secure_round(
-    p: RoundPlan, weights: np.ndarray, layout: Layout, books: Books, dense_bytes: int, max_examples: int,
+    p: RoundPlan,
+    weights: np.ndarray,
+    layout: Layout,
+    books: Books,
+    dense_bytes: int,
+    max_examples: int,
     timeout: float,
-) -> SecureRound:  # fmt: skip
+) -> SecureRound:
     """One round through SecAgg+ instead of plain uploads: only the sum reaches the method's step.
 
     The nodes clip their own clients (``clients/secure.py``), so the strategy

@@ -62,9 +62,14 @@ class FedSketchStrategy(Strategy):
     """
 
     def __init__(
-        self, cfg: RunConfig, model: nn.Module, test_x: torch.Tensor, test_y: torch.Tensor,
-        out_dir: Path | None = None, max_examples: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: RunConfig,
+        model: nn.Module,
+        test_x: torch.Tensor,
+        test_y: torch.Tensor,
+        out_dir: Path | None = None,
+        max_examples: int | None = None,
+    ) -> None:
         self.cfg, self.method = cfg, get_method(cfg.strategy)
         self.model = model
         self.weights = get_flat(model)
@@ -92,18 +97,32 @@ class FedSketchStrategy(Strategy):
         self.requested = {}
         targets = p.targets(self.books)
         wanted = [cid for cids in targets.values() for cid in cids]
-        extras = {c: messages.payload_to_record(x) for c, x in self.method.requests(self.state, wanted, self.cfg,
-                                                                                       self.d).items()}  # fmt: skip
+        extras = {
+            c: messages.payload_to_record(x)
+            for c, x in self.method.requests(self.state, wanted, self.cfg, self.d).items()
+        }
         for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in targets.items()}
         if self.cfg.client_assignment == "node":  # one client per message: it is billed as sent
-            contents = {node: billing.node_request(self.books, self.cfg, p, node, arrays, self.weights,
-                                                   self._node_config(p, targets[node]), for_node[node])
-                        for node in p.sent}  # fmt: skip
+            contents = {
+                node: billing.node_request(
+                    self.books,
+                    self.cfg,
+                    p,
+                    node,
+                    arrays,
+                    self.weights,
+                    self._node_config(p, targets[node]),
+                    for_node[node],
+                )
+                for node in p.sent
+            }
         else:  # a cohort per message: each client is billed what a message to it alone would carry
             billing.count_download(self.books, self.cfg, p, arrays, self.weights, self.stateful)
             billing.requests(self.books, extras)
-            contents = {node: messages.train_request(arrays, self._node_config(p, targets[node]), cids, for_node[node])
-                        for node, cids in p.sent.items()}  # fmt: skip
+            contents = {
+                node: messages.train_request(arrays, self._node_config(p, targets[node]), cids, for_node[node])
+                for node, cids in p.sent.items()
+            }
         self.books.add("download_sent", sum(messages.wire_bytes(c) for c in contents.values()))
         return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
 
@@ -150,16 +169,27 @@ class FedSketchStrategy(Strategy):
 
     def summary(self) -> None:
         """Log the run's key settings."""
-        log(INFO, "%s: d=%d, %d of %d clients a round, %d rounds", self.cfg.strategy, self.d,
-            self.cfg.clients_per_round, self.cfg.num_clients, self.cfg.num_rounds)  # fmt: skip
+        log(
+            INFO,
+            "%s: d=%d, %d of %d clients a round, %d rounds",
+            self.cfg.strategy,
+            self.d,
+            self.cfg.clients_per_round,
+            self.cfg.num_clients,
+            self.cfg.num_rounds,
+        )
 
     # ------------------------------------------------------------ the loop
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
-        timeout: float | None = None, train_config: ConfigRecord | None = None,
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:  # fmt: skip
+    ) -> Result:
         """Run the rounds; the model starts from ``initial_arrays`` if given, else the strategy's own."""
         if initial_arrays is not None:
             self.set_weights(torch.as_tensor(initial_arrays["w"].numpy()).to(self.weights.device))
@@ -188,8 +218,15 @@ class FedSketchStrategy(Strategy):
         """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
         self.plan = p = self.plan_round(server_round, config, grid)
         layout = self.method.layout(self.cfg, self.d, server_round)
-        done = secure.secure_round(p, self.weights.cpu().numpy(), layout, self.books, self.dense_bytes,
-                                   self.max_examples, self.cfg.round_timeout)  # fmt: skip
+        done = secure.secure_round(
+            p,
+            self.weights.cpu().numpy(),
+            layout,
+            self.books,
+            self.dense_bytes,
+            self.max_examples,
+            self.cfg.round_timeout,
+        )
         self.count_failures(done.replies)
         if done.refused:
             self.skip(server_round, done.replies, f"secure aggregation gave no usable sum: {done.refused}", 0)
@@ -276,8 +313,12 @@ class FedSketchStrategy(Strategy):
 
     def count_failures(self, got: RoundReplies) -> None:
         """Count the clients that were asked and did not contribute, by kind."""
-        for key, amount in (("failures", got.failed), ("timeouts", got.timeouts), ("client_errors", got.errors),
-                            ("rejected", got.rejected)):  # fmt: skip
+        for key, amount in (
+            ("failures", got.failed),
+            ("timeouts", got.timeouts),
+            ("client_errors", got.errors),
+            ("rejected", got.rejected),
+        ):
             self.books.add(key, amount)
 
     def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
@@ -288,9 +329,17 @@ class FedSketchStrategy(Strategy):
             download.mark_synced(self.books.ledger, [u.cid for u in got.updates], server_round)
         if self.out_dir is None or self.plan is None:
             return
-        row = {"round": server_round, "sampled": self.plan.sampled(), "clients": contributors,
-               "timeouts": got.timeouts, "client_errors": got.errors, "rejected": got.rejected,
-               "applied": skipped is None, "reason": skipped or "", "unix_time": round(time.time(), 3)}  # fmt: skip
+        row = {
+            "round": server_round,
+            "sampled": self.plan.sampled(),
+            "clients": contributors,
+            "timeouts": got.timeouts,
+            "client_errors": got.errors,
+            "rejected": got.rejected,
+            "applied": skipped is None,
+            "reason": skipped or "",
+            "unix_time": round(time.time(), 3),
+        }
         if got.failures:  # the first reason, so the command can say why without reading flower.log
             cid, why = next(iter(got.failures.items()))
             row["first_failure"] = f"client {cid}: {why}"
@@ -302,8 +351,15 @@ class FedSketchStrategy(Strategy):
         self.state, extra = self.method.report(self.state, self.cfg)
         row = runlog.metrics_row(self.cfg, server_round, acc, loss, self.books, wall_s)
         self.history.append({**row, **privacy_metrics(self.cfg, self.books.dp_rounds), **extra})
-        log(INFO, "round %d: accuracy %.4f, loss %.4f, up %d B, down %d B",
-            server_round, acc, loss, row["cum_upload_bytes"], row["cum_download_bytes"])  # fmt: skip
+        log(
+            INFO,
+            "round %d: accuracy %.4f, loss %.4f, up %d B, down %d B",
+            server_round,
+            acc,
+            loss,
+            row["cum_upload_bytes"],
+            row["cum_download_bytes"],
+        )
         if self.out_dir is not None:
             runlog.append_metrics(self.out_dir, self.history[-1])
 

@@ -93,9 +93,12 @@ def clock_of(grid: object) -> Clock:
 
 
 def send_and_receive(
-    grid: PushPull, messages: Iterable[Message], timeout: float | None,
-    schedule: PollSchedule | None = None, clock: Clock | None = None,
-) -> list[Message]:  # fmt: skip
+    grid: PushPull,
+    messages: Iterable[Message],
+    timeout: float | None,
+    schedule: PollSchedule | None = None,
+    clock: Clock | None = None,
+) -> list[Message]:
     """Push ``messages`` once and pull until every reply is in or ``timeout`` seconds passed (``None``: no limit).
 
     Replies come back in the order they were pulled, as Flower's ``send_and_receive`` returns them;

@@ -11,8 +11,9 @@ from fedsketch.methods import ClientJob, ClientUpdate, Payload, State, get_metho
 from fedsketch.methods.method import Exchange, Layout, Round
 
 
-def job(cfg: RunConfig, cid: int = 0, server_round: int = 1, state: State | None = None,
-        request: Payload | None = None) -> ClientJob:  # fmt: skip
+def job(
+    cfg: RunConfig, cid: int = 0, server_round: int = 1, state: State | None = None, request: Payload | None = None
+) -> ClientJob:
     """One client's job with the round settings the server would send."""
     return ClientJob(cid, server_round, get_method(cfg.strategy).round_config(cfg), state or {}, request or {})
 
@@ -22,8 +23,9 @@ def encode(cfg: RunConfig, update: torch.Tensor, **kwargs: object) -> tuple[Payl
     return get_method(cfg.strategy).encode(update, job(cfg, **kwargs), cfg)  # type: ignore[arg-type]
 
 
-def step(strat: object, updates: list[ClientUpdate], server_round: int = 1, exchange: Exchange | None = None
-         ) -> torch.Tensor:  # fmt: skip
+def step(
+    strat: object, updates: list[ClientUpdate], server_round: int = 1, exchange: Exchange | None = None
+) -> torch.Tensor:
     """One server step of a strategy's method on these updates; the strategy keeps the new state."""
     rnd = Round(server_round, strat.lr_at(server_round), updates, strat.d, strat.weights.device, exchange)  # type: ignore[attr-defined]
     strat.state, delta = strat.method.step(strat.state, rnd, strat.cfg)  # type: ignore[attr-defined]

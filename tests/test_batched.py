@@ -21,9 +21,16 @@ from fedsketch.task import load_data, make_model
 from strategies.server_app import build_strategy
 
 SETTINGS = {
-    "num-clients": 12, "clients-per-round": 6, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 4, "eval-every": 1, "local-batch-size": 8,
-}  # fmt: skip
+    "num-clients": 12,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 4,
+    "eval-every": 1,
+    "local-batch-size": 8,
+}
 
 
 def one_at_a_time(model: torch.nn.Module, batches: list[ClientBatch]) -> list[tuple[torch.Tensor, float]]:
@@ -44,9 +51,11 @@ def test_vectorized_gradients_equal_one_client_at_a_time_in_float64(norm: str) -
     gen = torch.Generator().manual_seed(0)
     sizes = [5, 5, 3, 5, 3, 5, 2]  # three shapes: clients are grouped by batch length, in chunks of 2
     batches = [
-        ClientBatch(torch.randn(n, 3, 8, 8, generator=gen, dtype=torch.float64), torch.randint(0, 10, (n,), generator=gen))
+        ClientBatch(
+            torch.randn(n, 3, 8, 8, generator=gen, dtype=torch.float64), torch.randint(0, 10, (n,), generator=gen)
+        )
         for n in sizes
-    ]  # fmt: skip
+    ]
     expected = one_at_a_time(model, batches)
     got = per_client_gradients(functional_copy(model), get_flat(model).double(), batches, max_clients=2)
     assert len(got) == len(sizes)
@@ -100,8 +109,10 @@ def test_a_run_with_client_batching_matches_one_client_at_a_time(tmp_path: Path)
     assert len(rows[0]) == SETTINGS["num-rounds"]
     for a, b in zip(rows[0], rows[4], strict=True):
         assert (a["cum_upload_bytes"], a["cum_download_bytes"], a["clients"]) == (
-            b["cum_upload_bytes"], b["cum_download_bytes"], b["clients"]
-        )  # fmt: skip
+            b["cum_upload_bytes"],
+            b["cum_download_bytes"],
+            b["clients"],
+        )
         assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
         assert abs(b["test_accuracy"] - a["test_accuracy"]) <= 0.01
     assert rows[0][-1]["test_loss"] < rows[0][0]["test_loss"]  # it trained

@@ -19,9 +19,17 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
-    "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 6, "eval-every": 1, "checkpoint-every": 2, "lr-schedule": "linear",
-}  # fmt: skip
+    "num-clients": 20,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 6,
+    "eval-every": 1,
+    "checkpoint-every": 2,
+    "lr-schedule": "linear",
+}
 CLOCK = ("wall_s", "unix_time")
 
 

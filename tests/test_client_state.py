@@ -15,9 +15,14 @@ from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy
 
 SETTINGS = {
-    "strategy": "local_topk", "num-clients": 10, "clients-per-round": 4, "model-hidden": 16, "k": 300,
-    "num-rounds": 5, "eval-every": 1,
-}  # fmt: skip
+    "strategy": "local_topk",
+    "num-clients": 10,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 300,
+    "num-rounds": 5,
+    "eval-every": 1,
+}
 FLOWER_RUN_ID = 1  # the run id InProcessGrid's contexts carry
 
 

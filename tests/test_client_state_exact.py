@@ -26,8 +26,17 @@ from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
 
 STATEFUL = [m.name for m in METHODS if m.state_vectors(RunConfig.from_mapping({"strategy": m.name}))]
-TINY = {"num-clients": 6, "clients-per-round": 3, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-        "sketch-cols": 300, "num-rounds": 6, "eval-every": 6, "lr": 0.3}  # fmt: skip
+TINY = {
+    "num-clients": 6,
+    "clients-per-round": 3,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 300,
+    "num-rounds": 6,
+    "eval-every": 6,
+    "lr": 0.3,
+}
 Payload = dict[str, np.ndarray]
 
 

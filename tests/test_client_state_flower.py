@@ -56,11 +56,20 @@ def _data(path: Path) -> Path:
 
 def test_rejected_uploads_never_commit_the_clients_error_memory(tmp_path: Path, no_leftover_processes: None) -> None:
     settings = {
-        "experiment": "rejected", "dataset": "npz", "data-root": str(_data(tmp_path / "data.npz")),
-        "partition": "natural", "model": "mlp", "model-hidden": 16, "num-clients": CLIENTS,
-        "clients-per-round": CLIENTS, "num-rounds": ROUNDS, "eval-every": 1, "k": 50, "min-replies": 1,
+        "experiment": "rejected",
+        "dataset": "npz",
+        "data-root": str(_data(tmp_path / "data.npz")),
+        "partition": "natural",
+        "model": "mlp",
+        "model-hidden": 16,
+        "num-clients": CLIENTS,
+        "clients-per-round": CLIENTS,
+        "num-rounds": ROUNDS,
+        "eval-every": 1,
+        "k": 50,
+        "min-replies": 1,
         "client-state": "disk",
-    }  # fmt: skip
+    }
     args = ["run", "--out", str(tmp_path), "--strategies", "local_topk", "--no-plot"]
     for key, value in settings.items():
         args += ["--set", f"{key}={json.dumps(value)}"]

@@ -25,9 +25,15 @@ from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 
 SETTINGS = {
-    "num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 6, "eval-every": 2,
-}  # fmt: skip
+    "num-clients": 12,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 6,
+    "eval-every": 2,
+}
 TIMING = ("wall_s", "unix_time")
 SENT = ("download_sent_bytes", "cum_download_sent_bytes")  # one model per message: depends on the messages
 

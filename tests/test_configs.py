@@ -15,8 +15,16 @@ CONFIGS = sorted((Path(__file__).parents[1] / "experiments" / "configs").glob("*
 
 def test_the_paper_settings_are_shipped() -> None:
     names = {p.stem for p in CONFIGS}
-    assert {"default", "baselines", "fetchsgd_cifar10", "fetchsgd_cifar10_cpu", "fetchsgd_femnist",
-            "fetchsgd_femnist_cpu", "sketched_sgd", "noniid_cpu"} <= names  # fmt: skip
+    assert {
+        "default",
+        "baselines",
+        "fetchsgd_cifar10",
+        "fetchsgd_cifar10_cpu",
+        "fetchsgd_femnist",
+        "fetchsgd_femnist_cpu",
+        "sketched_sgd",
+        "noniid_cpu",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

@@ -225,8 +225,9 @@ def test_mnist_t10k_holds_out_a_fixed_part_of_the_test_split(tmp_path: Path, lay
     suffix = ".gz" if gz else ""
     write_idx(tmp_path / layout / f"t10k-images-idx3-ubyte{suffix}", images, gz=gz)
     write_idx(tmp_path / layout / f"t10k-labels-idx1-ubyte{suffix}", np.arange(n) % 10, gz=gz)
-    spec = DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="pathological", classes_per_client=1,
-                    num_clients=10)  # fmt: skip
+    spec = DataSpec(
+        dataset="mnist_t10k", root=str(tmp_path), partition="pathological", classes_per_client=1, num_clients=10
+    )
     data = load_federated(spec)
     assert data.train_x.shape == (60, 1, 28, 28) and data.test_x.shape == (T10K_HOLDOUT, 1, 28, 28)
     assert data.num_classes == 10 and data.input_shape == (1, 28, 28)

@@ -63,8 +63,9 @@ def mnist() -> FederatedData:
 
 def test_the_mnist_t10k_dataset_is_this_split(mnist: FederatedData) -> None:
     """``dataset = "mnist_t10k"`` (what run configs name) holds out the same 2,000 images as the fixture."""
-    spec = DataSpec(dataset="mnist_t10k", root=str(MNIST_DIR), partition="pathological", classes_per_client=2,
-                    num_clients=100)  # fmt: skip
+    spec = DataSpec(
+        dataset="mnist_t10k", root=str(MNIST_DIR), partition="pathological", classes_per_client=2, num_clients=100
+    )
     data = load_federated(spec)
     assert torch.equal(data.test_x, mnist.test_x) and torch.equal(data.train_y, mnist.train_y)
 

@@ -120,8 +120,16 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
     nodes are connected: ``min-nodes`` = 3 makes the next round wait (up to the
     round timeout) for the node to be back rather than race it.
     """
-    values = {**node_settings(3), **TINY, "num-rounds": 5, "experiment": "flaky", "out-dir": str(tmp_path / "runs"),
-              "min-nodes": 3, "min-replies": 2, "round-timeout": 40.0}  # fmt: skip
+    values = {
+        **node_settings(3),
+        **TINY,
+        "num-rounds": 5,
+        "experiment": "flaky",
+        "out-dir": str(tmp_path / "runs"),
+        "min-nodes": 3,
+        "min-replies": 2,
+        "round-timeout": 40.0,
+    }
     run_dir = runner.prepare(RunConfig.from_mapping(values))
     with LocalFederation(Deployment(3, tls=True, auth=True), tmp_path / "fed") as fed:
         node_ids = fed.wait_online(3)
@@ -162,8 +170,16 @@ def test_a_supernode_stopped_mid_round_is_counted_at_once_as_its_clients_error(
     ClientApp process that imports torch, about 10 s) leaves time to stop the
     node between receiving the message and replying.
     """
-    values = {**node_settings(2), **TINY, "num-rounds": 3, "experiment": "leave", "out-dir": str(tmp_path / "runs"),
-              "min-nodes": 1, "min-replies": 1, "round-timeout": 300.0}  # fmt: skip
+    values = {
+        **node_settings(2),
+        **TINY,
+        "num-rounds": 3,
+        "experiment": "leave",
+        "out-dir": str(tmp_path / "runs"),
+        "min-nodes": 1,
+        "min-replies": 1,
+        "round-timeout": 300.0,
+    }
     run_dir = runner.prepare(RunConfig.from_mapping(values))
     with LocalFederation(Deployment(2, isolation="subprocess"), tmp_path / "fed") as fed:
         fed.wait_online(2)

@@ -59,8 +59,22 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
 
 def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_device(tmp_path: Path) -> None:
     """One source of settings: the run ``fedsketch deploy`` runs, in a folder of its own, relative to the SuperLink's."""
-    assert fedsketch_main(["deploy", "--kit", str(tmp_path / "kit"), "--server", "10.0.0.1", "--supernodes", "3",
-                           "--set", "num-rounds=7"]) == 0  # fmt: skip
+    assert (
+        fedsketch_main(
+            [
+                "deploy",
+                "--kit",
+                str(tmp_path / "kit"),
+                "--server",
+                "10.0.0.1",
+                "--supernodes",
+                "3",
+                "--set",
+                "num-rounds=7",
+            ]
+        )
+        == 0
+    )
     admin = tmp_path / "kit" / "admin"
     deployed = runner.load_experiment(runner.DEFAULT_CONFIG, {**node_settings(3), "num-rounds": 7}).runs
     assert [run.strategy for run in deployed] == ["fetchsgd", "local_topk", "fedavg"]

@@ -15,9 +15,16 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
-    "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 3, "eval-every": 1, "lr-schedule": "cosine",
-}  # fmt: skip
+    "num-clients": 20,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 3,
+    "eval-every": 1,
+    "lr-schedule": "cosine",
+}
 CLOCK = ("wall_s", "unix_time")
 SENT = ("download_sent_bytes", "cum_download_sent_bytes")  # one model per message: depends on the node count
 

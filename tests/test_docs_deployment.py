@@ -119,8 +119,15 @@ def test_the_pages_openssl_commands_make_what_flower_needs(tmp_path: Path) -> No
     settings, made = steps(text)[0], steps(text, "own-pki")[:3]
     env = _environment(tmp_path)
     for step in made:
-        done = subprocess.run(["bash", "-euc", settings.code + step.code], check=False, cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-euc", settings.code + step.code],
+            check=False,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"step {step.name} failed:\n{done.stdout}\n{done.stderr}"
     own = tmp_path / "fedsketch-kit" / "own"
     ca = x509.load_pem_x509_certificate((own / "ca.crt").read_bytes())
@@ -136,8 +143,9 @@ def test_the_pages_openssl_commands_make_what_flower_needs(tmp_path: Path) -> No
         assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
         assert private.public_key() == public
     # What the page says of openssl's own format: Flower's loader refuses it.
-    subprocess.run(["openssl", "ecparam", "-name", "secp384r1", "-genkey", "-noout", "-out", str(tmp_path / "pem")],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["openssl", "ecparam", "-name", "secp384r1", "-genkey", "-noout", "-out", str(tmp_path / "pem")], check=True
+    )
     with pytest.raises(ValueError):
         load_ssh_private_key((tmp_path / "pem").read_bytes(), None)
 
@@ -154,8 +162,15 @@ def _follow(page: list[Step], tmp_path: Path) -> tuple[dict[str, str], dict[str,
             script = settings.code + step.code
             if step.ready is None:
                 for _ in range(2 if step.name in TWICE else 1):
-                    done = subprocess.run(["bash", "-euc", script], check=False, cwd=tmp_path, env=env,
-                                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                    done = subprocess.run(
+                        ["bash", "-euc", script],
+                        check=False,
+                        cwd=tmp_path,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                    )
                     assert done.returncode == 0, (
                         f"step {step.name} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
                     )
@@ -163,8 +178,14 @@ def _follow(page: list[Step], tmp_path: Path) -> tuple[dict[str, str], dict[str,
                 continue
             log = tmp_path / f"{step.name}.log"
             with open(log, "wb") as out:
-                proc = subprocess.Popen(["bash", "-euc", script], cwd=tmp_path, env=env, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                proc = subprocess.Popen(
+                    ["bash", "-euc", script],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started.append((step, proc, log))
             _wait_ready(step, proc, log, timeout=180.0)
         logs = {step.name: log.read_text(errors="replace") for step, _, log in started}
@@ -179,11 +200,18 @@ def _environment(tmp_path: Path) -> dict[str, str]:
     venv = Path(sys.executable).parent
     env = dict(os.environ)
     env.update(
-        KIT=str(tmp_path / "fedsketch-kit"), FEDSKETCH_SRC=str(ROOT), PORT=str(free_port()),
-        PORT0=str(free_port()), PORT1=str(free_port()), VIRTUAL_ENV=str(venv.parent), HOME=str(tmp_path / "home"),
-        PATH=os.pathsep.join([str(venv), env.get("PATH", "")]), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1",
+        KIT=str(tmp_path / "fedsketch-kit"),
+        FEDSKETCH_SRC=str(ROOT),
+        PORT=str(free_port()),
+        PORT0=str(free_port()),
+        PORT1=str(free_port()),
+        VIRTUAL_ENV=str(venv.parent),
+        HOME=str(tmp_path / "home"),
+        PATH=os.pathsep.join([str(venv), env.get("PATH", "")]),
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
         FLWR_DISABLE_UPDATE_CHECK="1",
-    )  # fmt: skip
+    )
     env[TAG] = str(tmp_path)
     env.pop("FLWR_HOME", None)
     (tmp_path / "home").mkdir()

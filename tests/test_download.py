@@ -20,9 +20,15 @@ from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy
 
 SETTINGS = {
-    "num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 8, "eval-every": 4,
-}  # fmt: skip
+    "num-clients": 12,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 8,
+    "eval-every": 4,
+}
 
 
 def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
@@ -155,8 +161,14 @@ def test_download_k_is_refused_where_it_means_nothing() -> None:
         check_against_model(RunConfig.from_mapping({"strategy": "qsgd", "download-k": 400, "k": 10}), 300)
 
 
-DEVICES = {**SETTINGS, "client-assignment": "node", "num-clients": 4, "clients-per-round": 2, "min-nodes": 4,
-           "eval-every": 1}  # fmt: skip
+DEVICES = {
+    **SETTINGS,
+    "client-assignment": "node",
+    "num-clients": 4,
+    "clients-per-round": 2,
+    "min-nodes": 4,
+    "eval-every": 1,
+}
 
 
 def _devices(

@@ -26,8 +26,17 @@ from fedsketch.task import load_data, make_model
 
 pytestmark = pytest.mark.slow
 
-JOB = {"num-rounds": 4, "eval-every": 1, "clients-per-round": 2, "min-nodes": 3, "sketch-rows": 5,
-       "sketch-cols": 2000, "k": 500, "lr": 0.2, "round-timeout": 120.0}  # fmt: skip
+JOB = {
+    "num-rounds": 4,
+    "eval-every": 1,
+    "clients-per-round": 2,
+    "min-nodes": 3,
+    "sketch-rows": 5,
+    "sketch-cols": 2000,
+    "k": 500,
+    "lr": 0.2,
+    "round-timeout": 120.0,
+}
 
 
 def _deploy(out: Path, download: str) -> list[dict[str, Any]]:

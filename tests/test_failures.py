@@ -21,9 +21,16 @@ from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
 
 SETTINGS = {
-    "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 4, "eval-every": 1, "min-replies": 3,
-}  # fmt: skip
+    "num-clients": 20,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 4,
+    "eval-every": 1,
+    "min-replies": 3,
+}
 
 
 def tamper(requests: list[Message], replies: list[Message]) -> list[Message]:

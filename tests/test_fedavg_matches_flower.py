@@ -33,11 +33,22 @@ from strategies.server_app import build_strategy
 NODES = 4
 CFG = RunConfig.from_mapping(
     {
-        "strategy": "fedavg", "num-clients": NODES, "clients-per-round": NODES, "num-rounds": 4,
-        "eval-every": 1, "client-update": "delta", "local-steps": 3, "client-lr": 0.1,
-        "local-batch-size": 32, "lr": 1.0, "lr-schedule": "constant", "momentum": 0.0, "model-hidden": 32, "k": 100,
+        "strategy": "fedavg",
+        "num-clients": NODES,
+        "clients-per-round": NODES,
+        "num-rounds": 4,
+        "eval-every": 1,
+        "client-update": "delta",
+        "local-steps": 3,
+        "client-lr": 0.1,
+        "local-batch-size": 32,
+        "lr": 1.0,
+        "lr-schedule": "constant",
+        "momentum": 0.0,
+        "model-hidden": 32,
+        "k": 100,
     }
-)  # fmt: skip
+)
 
 
 def model_returning_app(cfg: RunConfig) -> ClientApp:

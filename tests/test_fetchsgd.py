@@ -16,8 +16,9 @@ def _sketch_table(vec: torch.Tensor, params: fetchsgd.FetchSGDParams) -> torch.T
 
 def test_with_exact_recovery_and_k_equal_d_fetchsgd_is_sgd_with_momentum() -> None:
     d, lr, rho = 40, 0.1, 0.9
-    params = fetchsgd.FetchSGDParams(d=d, rows=5, cols=200_000, seed=3, k=d, momentum=rho,
-                                     error_feedback="subtract", momentum_zeroing=False)  # fmt: skip
+    params = fetchsgd.FetchSGDParams(
+        d=d, rows=5, cols=200_000, seed=3, k=d, momentum=rho, error_feedback="subtract", momentum_zeroing=False
+    )
     gen = torch.Generator().manual_seed(0)
     state, ref = fetchsgd.init(params), momentum_sgd.init(d)
     w_sketch, w_ref = torch.zeros(d), torch.zeros(d)
@@ -83,8 +84,9 @@ def test_with_exact_recovery_and_k_below_d_fetchsgd_is_true_top_k(variant: str) 
     assert carried >= 4  # the error carried over changes what most rounds apply
 
 
-def _taken_out(table: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
-               params: fetchsgd.FetchSGDParams) -> torch.Tensor:  # fmt: skip
+def _taken_out(
+    table: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, params: fetchsgd.FetchSGDParams
+) -> torch.Tensor:
     """Algorithm 1's "zero at the support", in the named variant, written out with the public sketch API."""
     sketch = CountSketch.from_table(table, params.d, params.seed)
     if params.error_feedback == "subtract":
@@ -145,9 +147,12 @@ def test_update_is_the_top_k_of_the_error_estimate() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"k": 0}, "k must be in 1..d"), ({"error_feedback": "zero"}, "error_feedback must be one of"),
-     ({"momentum": 1.5}, r"momentum must be in \[0, 1\)")],
-)  # fmt: skip
+    [
+        ({"k": 0}, "k must be in 1..d"),
+        ({"error_feedback": "zero"}, "error_feedback must be one of"),
+        ({"momentum": 1.5}, r"momentum must be in \[0, 1\)"),
+    ],
+)
 def test_bad_parameters_are_refused(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"d": 10, "rows": 3, "cols": 10, "seed": 0, "k": 5, "error_feedback": "subtract"}
     with pytest.raises(ValueError, match=message):
@@ -166,8 +171,9 @@ def _run_placements(variant: str, lrs: list[float]) -> dict[str, list[fetchsgd.F
     out = {}
     for placement in fetchsgd.LR_PLACEMENTS:
         # 3 x 200 buckets for 3,000 coordinates: estimates are far from exact, so agreement is not trivial
-        params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=200, seed=6, k=30, error_feedback=variant,
-                                         lr_placement=placement)  # fmt: skip
+        params = fetchsgd.FetchSGDParams(
+            d=d, rows=3, cols=200, seed=6, k=30, error_feedback=variant, lr_placement=placement
+        )
         gen = torch.Generator().manual_seed(6)
         state, updates = fetchsgd.init(params), []
         for lr in lrs:
@@ -190,8 +196,10 @@ def test_the_lr_placements_agree_at_a_constant_rate(variant: str) -> None:
 @pytest.mark.parametrize("variant", fetchsgd.VARIANTS)
 def test_the_lr_placements_differ_under_a_schedule(variant: str) -> None:
     runs = _run_placements(variant, [0.1 * (1 - t / 8) for t in range(8)])
-    gaps = [float((e.dense(3_000) - u.dense(3_000)).norm() / e.dense(3_000).norm())
-            for e, u in zip(runs["error"], runs["update"], strict=True)]  # fmt: skip
+    gaps = [
+        float((e.dense(3_000) - u.dense(3_000)).norm() / e.dense(3_000).norm())
+        for e, u in zip(runs["error"], runs["update"], strict=True)
+    ]
     assert gaps[0] < 1e-5  # nothing accumulated yet: the first round is the same
     assert max(gaps[1:]) > 0.05
 
@@ -200,8 +208,9 @@ def test_under_update_placement_leftover_error_is_applied_at_todays_rate() -> No
     """k = 1, no momentum, exact recovery: round 1 leaves 2.0 in the error, round 2 (no gradient) applies it."""
     out = {}
     for placement in fetchsgd.LR_PLACEMENTS:
-        params = fetchsgd.FetchSGDParams(d=2, rows=5, cols=1_000, seed=0, k=1, momentum=0.0,
-                                         error_feedback="subtract", lr_placement=placement)  # fmt: skip
+        params = fetchsgd.FetchSGDParams(
+            d=2, rows=5, cols=1_000, seed=0, k=1, momentum=0.0, error_feedback="subtract", lr_placement=placement
+        )
         first_table = _sketch_table(torch.tensor([3.0, 2.0]), params)
         state, first = fetchsgd.step(fetchsgd.init(params), first_table, params, 1.0)
         state, second = fetchsgd.step(state, _sketch_table(torch.zeros(2), params), params, 0.5)

@@ -78,8 +78,9 @@ def test_fetchsgd_clips_on_the_sketchs_norm_estimate() -> None:
 
 def test_noisy_mean_clips_to_the_sensitivity_and_adds_noise_of_the_right_size() -> None:
     gen = np.random.default_rng(0)
-    updates = [ClientUpdate(c, {"table": gen.standard_normal((50, 400)).astype(np.float32)}, 10, 0.0, 0)
-               for c in range(4)]  # fmt: skip
+    updates = [
+        ClientUpdate(c, {"table": gen.standard_normal((50, 400)).astype(np.float32)}, 10, 0.0, 0) for c in range(4)
+    ]
     bound, sigma, expected = 2.0, 0.5, 10
     clipped, _ = clip_updates(updates, bound, payload_norm, scale_payload)
     plain = sum(u.payload["table"].astype(np.float64) for u in clipped)
@@ -92,8 +93,9 @@ def test_noisy_mean_clips_to_the_sensitivity_and_adds_noise_of_the_right_size() 
 
 
 def test_dp_fetchsgd_reports_its_budget_every_row(tmp_path: Path) -> None:
-    cfg = RunConfig.from_mapping({**TINY, "num-rounds": 3, "eval-every": 1, "clip-norm": 1.0,
-                                  "dp-noise-multiplier": 1.1, "dp-delta": 1e-5})  # fmt: skip
+    cfg = RunConfig.from_mapping(
+        {**TINY, "num-rounds": 3, "eval-every": 1, "clip-norm": 1.0, "dp-noise-multiplier": 1.1, "dp-delta": 1e-5}
+    )
     strat = build_strategy(cfg, tmp_path)
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping()))
@@ -127,8 +129,9 @@ def test_settings_that_cannot_work_are_refused(settings: dict[str, object], mess
 
 
 def test_scaling_a_payload_keeps_its_dtypes() -> None:
-    u = ClientUpdate(0, {"val": np.ones(4, np.float32), "idx": np.arange(4, dtype=np.int32)}, 1, 0.0, 0,
-                     decoded=torch.ones(4))  # fmt: skip
+    u = ClientUpdate(
+        0, {"val": np.ones(4, np.float32), "idx": np.arange(4, dtype=np.int32)}, 1, 0.0, 0, decoded=torch.ones(4)
+    )
     out = scale_payload(u, 0.5)
     assert out.payload["val"].dtype == np.float32 and np.all(out.payload["val"] == 0.5)
     assert np.array_equal(out.payload["idx"], u.payload["idx"])

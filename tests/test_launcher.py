@@ -28,8 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_launcher_runs_the_supernode_with_process_isolation_on_its_port() -> None:
     argv = supernode_argv(["flower-supernode", "--insecure", "--superlink", "h:1"], LauncherOptions(port=9200))
-    assert argv == ["flower-supernode", "--insecure", "--superlink", "h:1", "--isolation", "process",
-                    "--host", "127.0.0.1", "--port", "9200"]  # fmt: skip
+    assert argv == [
+        "flower-supernode",
+        "--insecure",
+        "--superlink",
+        "h:1",
+        "--isolation",
+        "process",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9200",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -44,8 +54,14 @@ def test_the_launcher_runs_the_supernode_with_process_isolation_on_its_port() ->
 def test_a_command_the_launcher_cannot_run_is_refused_with_the_reason(command: list[str], reason: str) -> None:
     with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         supernode_argv(command, LauncherOptions())
-    done = subprocess.run([sys.executable, "-m", "clients.launcher", "--", *command], check=False, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.launcher", "--", *command],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and reason in done.stderr and "Traceback" not in done.stderr
 
 
@@ -140,16 +156,27 @@ def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supern
     node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)
     log = tmp_path / "device.log"
     with open(log, "wb") as out:
-        device = subprocess.Popen([sys.executable, *node_cmd[1:]], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                  env={**flower_env(tmp_path / "node"), **tag}, start_new_session=True)  # fmt: skip
+        device = subprocess.Popen(
+            [sys.executable, *node_cmd[1:]],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**flower_env(tmp_path / "node"), **tag},
+            start_new_session=True,
+        )
     link: subprocess.Popen[bytes] | None = None
     try:
         _wait_for(log, f"launcher: waiting for the SuperLink at 127.0.0.1:{port}", device)
         assert "launcher ready" not in log.read_text()
         with open(tmp_path / "superlink.log", "wb") as out:
-            link = subprocess.Popen([bin_path("flower-superlink"), *superlink_command(port, None, auth=False)[1:]],
-                                    cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**flower_env(tmp_path / "link"), **tag})  # fmt: skip
+            link = subprocess.Popen(
+                [bin_path("flower-superlink"), *superlink_command(port, None, auth=False)[1:]],
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**flower_env(tmp_path / "link"), **tag},
+            )
         _wait_for(log, f"connected to the SuperLink at 127.0.0.1:{port}", device)
         ready = next(line for line in log.read_text().splitlines() if line.startswith("launcher ready"))
         assert re.match(r"launcher ready: SuperNode \d+ connected", ready), ready

@@ -35,9 +35,15 @@ from strategies.server_app import build_strategy
 pytestmark = pytest.mark.slow  # 22 runs of two rounds: about 20 s on 2 cores
 
 SETTINGS = {
-    "num-clients": 4, "clients-per-round": 3, "num-rounds": 2, "eval-every": 1, "model-hidden": 16, "k": 40,
-    "sketch-rows": 3, "sketch-cols": 400,
-}  # fmt: skip
+    "num-clients": 4,
+    "clients-per-round": 3,
+    "num-rounds": 2,
+    "eval-every": 1,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+}
 NODES = {"cohort": 2, "node": 4}  # cohort: two nodes, each a cohort per message; node: one node per client
 SAMPLED = 3
 
@@ -86,8 +92,9 @@ def _models(sent: list[Message]) -> list[torch.Tensor]:
 def test_two_rounds_with_every_sampled_client_contributing(name: str, mode: str, out: Path) -> None:
     metrics, rounds, sent, final = run(name, mode, out)
     assert [(r["round"], r["sampled"], r["clients"], r["applied"]) for r in rounds] == [
-        (1, SAMPLED, SAMPLED, True), (2, SAMPLED, SAMPLED, True)
-    ], rounds  # fmt: skip
+        (1, SAMPLED, SAMPLED, True),
+        (2, SAMPLED, SAMPLED, True),
+    ], rounds
     assert all(r["client_errors"] + r["rejected"] + r["timeouts"] == 0 for r in rounds), rounds
     assert [(r["round"], r["clients"]) for r in metrics] == [(1, SAMPLED), (2, SAMPLED)]
     assert all(r["upload_bytes"] > 0 for r in metrics)

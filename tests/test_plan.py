@@ -15,8 +15,16 @@ from experiments.plan import Plan, PlannedRun
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
-WATCHING_HALF = ["experiments.cli", "experiments.plan", "experiments.runner", "experiments.launch",
-                 "experiments.progress", "experiments.stopping", "experiments.results", "fedsketch.runlog"]  # fmt: skip
+WATCHING_HALF = [
+    "experiments.cli",
+    "experiments.plan",
+    "experiments.runner",
+    "experiments.launch",
+    "experiments.progress",
+    "experiments.stopping",
+    "experiments.results",
+    "fedsketch.runlog",
+]
 
 
 def _experiment(tmp_path: Path) -> runner.Experiment:
@@ -45,20 +53,37 @@ def test_an_unknown_backend_in_a_plan_is_refused() -> None:
 
 
 def test_the_watching_half_imports_no_torch() -> None:
-    code = (f"import sys\nfor m in {WATCHING_HALF!r}: __import__(m)\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")  # fmt: skip
+    code = (
+        f"import sys\nfor m in {WATCHING_HALF!r}: __import__(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout[:500]
 
 
 @pytest.mark.slow
 def test_run_as_a_program_watches_flower_from_the_same_pid_without_torch(tmp_path: Path) -> None:
-    args = ["run", "--out", str(tmp_path), "--strategies", "fedavg", "--no-plot", "--set", "num-rounds=40",
-            "--set", "eval-every=1", "--set", "num-clients=20", "--set", "clients-per-round=10"]  # fmt: skip
+    args = [
+        "run",
+        "--out",
+        str(tmp_path),
+        "--strategies",
+        "fedavg",
+        "--no-plot",
+        "--set",
+        "num-rounds=40",
+        "--set",
+        "eval-every=1",
+        "--set",
+        "num-clients=20",
+        "--set",
+        "clients-per-round=10",
+    ]
     log = tmp_path / "cli.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     metrics = tmp_path / "default" / "fedavg" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text()) and proc.poll() is None and time.monotonic() < deadline:

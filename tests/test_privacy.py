@@ -55,8 +55,10 @@ def test_clip_factor() -> None:
     assert clip_factor(4.0, 1.0) == 0.25
 
 
-@pytest.mark.parametrize(("args", "message"), [((1.5, 1.0, 4), "sampling rate"), ((0.1, 0.0, 4), "noise"),
-                                               ((0.1, 1.0, 1), "order"), ((0.1, 1.0, 2.5), "order")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((1.5, 1.0, 4), "sampling rate"), ((0.1, 0.0, 4), "noise"), ((0.1, 1.0, 1), "order"), ((0.1, 1.0, 2.5), "order")],
+)
 def test_bad_arguments_are_refused(args: tuple[float, float, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rdp_sampled_gaussian(*args)

@@ -61,8 +61,9 @@ def test_the_watcher_reads_the_metrics_file_into_lines_in_decimal_units(tmp_path
     out = io.StringIO()
     watcher = RunWatcher(LineProgress(out), "fetchsgd seed 0", tmp_path, num_rounds=2)
     watcher()  # no metrics yet
-    runlog.append_metrics(tmp_path, {"round": 1, "test_accuracy": 0.5, "cum_upload_bytes": 1_190_000,
-                                     "cum_download_bytes": 2_400_000_000})  # fmt: skip
+    runlog.append_metrics(
+        tmp_path, {"round": 1, "test_accuracy": 0.5, "cum_upload_bytes": 1_190_000, "cum_download_bytes": 2_400_000_000}
+    )
     watcher()
     assert out.getvalue().splitlines()[1].startswith("fetchsgd seed 0: round 1/2  acc 0.500  up 1.19 MB  down 2.4 GB")
 
@@ -82,9 +83,18 @@ def _metrics(exp_dir: Path, strategy: str, upload: float, download: float) -> No
     path = exp_dir / strategy
     path.mkdir(parents=True)
     for rnd in range(1, 6):
-        runlog.append_metrics(path, {"round": rnd, "strategy": strategy, "seed": 0, "test_accuracy": 0.1 * rnd,
-                                     "cum_upload_bytes": upload * rnd, "cum_download_bytes": download * rnd,
-                                     "cum_dense_upload_bytes": 1.2e6 * 10 * rnd})  # fmt: skip
+        runlog.append_metrics(
+            path,
+            {
+                "round": rnd,
+                "strategy": strategy,
+                "seed": 0,
+                "test_accuracy": 0.1 * rnd,
+                "cum_upload_bytes": upload * rnd,
+                "cum_download_bytes": download * rnd,
+                "cum_dense_upload_bytes": 1.2e6 * 10 * rnd,
+            },
+        )
 
 
 def _values(labels: tuple[str, ...]) -> list[float]:

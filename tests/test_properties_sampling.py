@@ -38,8 +38,11 @@ def within_rate(counts: Counter[int], population: list[int], rounds: int, per_ro
     """The clients whose sample counts lie more than six binomial standard deviations from ``rounds m / N``."""
     q = per_round / len(population)
     mean, sd = rounds * q, math.sqrt(rounds * q * (1 - q))
-    return [f"client {c}: {counts[c]} (expected {mean:.0f} +- {6 * sd:.0f})" for c in population
-            if abs(counts[c] - mean) > 6 * sd]  # fmt: skip
+    return [
+        f"client {c}: {counts[c]} (expected {mean:.0f} +- {6 * sd:.0f})"
+        for c in population
+        if abs(counts[c] - mean) > 6 * sd
+    ]
 
 
 def test_a_cohort_is_m_distinct_valid_clients() -> None:

@@ -58,9 +58,17 @@ def test_a_round_outside_the_run_is_refused(schedule: str) -> None:
 
 def test_the_rates_the_clients_receive_are_the_schedules_round_by_round() -> None:
     cfg = RunConfig.from_mapping(
-        {"strategy": "fedavg", "num-clients": 4, "clients-per-round": 2, "model-hidden": 8, "num-rounds": 4,
-         "eval-every": 4, "lr": BASE, "lr-schedule": "linear"}
-    )  # fmt: skip
+        {
+            "strategy": "fedavg",
+            "num-clients": 4,
+            "clients-per-round": 2,
+            "model-hidden": 8,
+            "num-rounds": 4,
+            "eval-every": 4,
+            "lr": BASE,
+            "lr-schedule": "linear",
+        }
+    )
     seen: dict[int, float] = {}
 
     def deliver(msg: Message) -> Message:

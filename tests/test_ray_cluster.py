@@ -120,19 +120,51 @@ def two_node_cluster(cpus: int) -> Iterator[Cluster]:
     """
     tag, port = uuid.uuid4().hex, free_port()
     env = {**os.environ, CLUSTER_TAG: tag, "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-cpus", str(cpus), "--num-gpus", "0", "--object-store-memory", str(100 * 1024 * 1024),
-              "--disable-usage-stats"]  # fmt: skip
+    common = [
+        "--num-cpus",
+        str(cpus),
+        "--num-gpus",
+        "0",
+        "--object-store-memory",
+        str(100 * 1024 * 1024),
+        "--disable-usage-stats",
+    ]
     root = Path(tempfile.mkdtemp(prefix="fsray-"))  # short: Ray's socket paths live below it
     cluster, started = Cluster(f"{HEAD_IP}:{port}", tag, {}), []
     try:
-        head = ["--head", "--node-ip-address", HEAD_IP, "--port", str(port), "--include-dashboard=false",
-                "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()),
-                "--temp-dir", str(root / "head"), "--resources", '{"fedsketch_head": 1}',
-                "--dashboard-agent-listen-port", str(free_port()), *common]  # fmt: skip
+        head = [
+            "--head",
+            "--node-ip-address",
+            HEAD_IP,
+            "--port",
+            str(port),
+            "--include-dashboard=false",
+            "--dashboard-port",
+            str(free_port()),
+            "--ray-client-server-port",
+            str(free_port()),
+            "--temp-dir",
+            str(root / "head"),
+            "--resources",
+            '{"fedsketch_head": 1}',
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            *common,
+        ]
         started.append(_ray_start(head, root / "head.log", env))
-        worker = ["--address", cluster.address, "--node-ip-address", WORKER_IP,
-                  "--temp-dir", str(root / "worker"), "--resources", '{"fedsketch_worker": 1}',
-                  "--dashboard-agent-listen-port", str(free_port()), *common]  # fmt: skip
+        worker = [
+            "--address",
+            cluster.address,
+            "--node-ip-address",
+            WORKER_IP,
+            "--temp-dir",
+            str(root / "worker"),
+            "--resources",
+            '{"fedsketch_worker": 1}',
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            *common,
+        ]
         started.append(_ray_start(worker, root / "worker.log", env))
         cluster.processes()  # remember them before any renames itself out of sight
         yield cluster

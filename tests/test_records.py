@@ -24,8 +24,15 @@ from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 
-TINY = {"num-clients": 12, "clients-per-round": 6, "model-hidden": 16, "k": 30, "num-rounds": 2,
-        "sketch-rows": 3, "sketch-cols": 200}  # fmt: skip
+TINY = {
+    "num-clients": 12,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "num-rounds": 2,
+    "sketch-rows": 3,
+    "sketch-cols": 200,
+}
 
 
 @pytest.fixture
@@ -39,10 +46,14 @@ def no_cyclic_collector() -> Iterator[None]:
 
 
 def _mixed() -> RecordDict:
-    return RecordDict({
-        "a": payload_to_record({"x": np.arange(4, dtype=np.float32)}), "m": MetricRecord({"n": 3}),
-        "c": ConfigRecord({"r": "why"}), "b": payload_to_record({"y": np.ones(2, np.float32)}),
-    })  # fmt: skip
+    return RecordDict(
+        {
+            "a": payload_to_record({"x": np.arange(4, dtype=np.float32)}),
+            "m": MetricRecord({"n": 3}),
+            "c": ConfigRecord({"r": "why"}),
+            "b": payload_to_record({"y": np.ones(2, np.float32)}),
+        }
+    )
 
 
 def test_records_of_holds_what_flowers_views_hold() -> None:

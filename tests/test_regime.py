@@ -40,13 +40,25 @@ def write_run(folder: Path, settings: dict[str, Any], recalls: list[tuple[float,
 def runs(tmp_path: Path) -> Path:
     exp = tmp_path / "regime-a"
     for cols in (3_000, 10_000):
-        write_run(exp / "fetchsgd" / f"cols{cols}-k1000", {"strategy": "fetchsgd", "k": 1000, "sketch-rows": 3,
-                  "sketch-cols": cols}, [(0.9, 5), (0.3, 15)], accuracy=0.70)  # fmt: skip
+        write_run(
+            exp / "fetchsgd" / f"cols{cols}-k1000",
+            {"strategy": "fetchsgd", "k": 1000, "sketch-rows": 3, "sketch-cols": cols},
+            [(0.9, 5), (0.3, 15)],
+            accuracy=0.70,
+        )
     write_run(exp / "true_topk" / "k1000", {"strategy": "true_topk", "k": 1000}, [(0.0, 20)], accuracy=0.75)
-    write_run(tmp_path / "regime-b" / "fetchsgd" / "rows1-cols3000", {"strategy": "fetchsgd", "k": 1000,
-              "sketch-rows": 1, "sketch-cols": 3000}, [(0.1, 20)], accuracy=0.6)  # fmt: skip
-    write_run(tmp_path / "other" / "fetchsgd", {"strategy": "fetchsgd", "k": 5, "sketch-rows": 3, "sketch-cols": 5},
-              [(1.0, 1)], accuracy=0.1)  # fmt: skip
+    write_run(
+        tmp_path / "regime-b" / "fetchsgd" / "rows1-cols3000",
+        {"strategy": "fetchsgd", "k": 1000, "sketch-rows": 1, "sketch-cols": 3000},
+        [(0.1, 20)],
+        accuracy=0.6,
+    )
+    write_run(
+        tmp_path / "other" / "fetchsgd",
+        {"strategy": "fetchsgd", "k": 5, "sketch-rows": 3, "sketch-cols": 5},
+        [(1.0, 1)],
+        accuracy=0.1,
+    )
     return tmp_path
 
 

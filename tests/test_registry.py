@@ -39,8 +39,19 @@ def test_every_method_has_every_part(method: object) -> None:
     m = get_method(method.name)  # type: ignore[attr-defined]
     for part in ("upload", "client_state", "paper"):
         assert isinstance(getattr(m, part), str) and getattr(m, part), f"{m.name} has no {part} line"
-    for part in ("encode", "layout", "init", "step", "state_vectors", "round_config", "requests", "sensitivity",
-                 "report", "diagnostic", "check"):  # fmt: skip
+    for part in (
+        "encode",
+        "layout",
+        "init",
+        "step",
+        "state_vectors",
+        "round_config",
+        "requests",
+        "sensitivity",
+        "report",
+        "diagnostic",
+        "check",
+    ):
         assert callable(getattr(m, part)), f"{m.name}.{part} is not callable"
     known = set(field_keys()) | set(DECLARED)
     assert set(m.uses) <= known, f"{m.name} reads unknown settings {set(m.uses) - known}"

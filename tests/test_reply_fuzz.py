@@ -33,9 +33,15 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 TINY = {
-    "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "num-rounds": 3,
-    "sketch-rows": 3, "sketch-cols": 200, "min-replies": 1,
-}  # fmt: skip
+    "num-clients": 20,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "num-rounds": 3,
+    "sketch-rows": 3,
+    "sketch-cols": 200,
+    "min-replies": 1,
+}
 Mutation = Callable[[RecordDict, int, np.random.Generator, "Honest"], None]
 
 
@@ -243,10 +249,28 @@ def client_failure(c: RecordDict, cid: int, rng: np.random.Generator, h: Honest)
 
 
 MUTATIONS: list[Mutation] = [
-    drop_update, drop_metrics, extra_array, renamed_array, random_shape, wrong_dtype, non_finite, huge_values,
-    bad_num_examples, no_num_examples, bad_loss, bad_echo, garbage_bytes, header_claims_huge, declared_mismatch,
-    truncated, odd_layout, oversized, many_arrays, wrong_record_type, client_failure,
-]  # fmt: skip
+    drop_update,
+    drop_metrics,
+    extra_array,
+    renamed_array,
+    random_shape,
+    wrong_dtype,
+    non_finite,
+    huge_values,
+    bad_num_examples,
+    no_num_examples,
+    bad_loss,
+    bad_echo,
+    garbage_bytes,
+    header_claims_huge,
+    declared_mismatch,
+    truncated,
+    odd_layout,
+    oversized,
+    many_arrays,
+    wrong_record_type,
+    client_failure,
+]
 NODE_ATTACKS = ("node_error", "no_reply", "unknown_node", "second_reply")
 
 
@@ -328,8 +352,9 @@ def check_attack(name: str, attacks: list[tuple[int, int, int]], node_attack: tu
 
 ATTACKS = st.lists(
     st.tuples(st.integers(0, 63), st.integers(0, len(MUTATIONS) - 1), st.integers(0, 2**32 - 1)),
-    min_size=1, max_size=4,
-)  # fmt: skip
+    min_size=1,
+    max_size=4,
+)
 NODE = st.none() | st.tuples(st.integers(0, len(NODE_ATTACKS) - 1), st.integers(0, 7))
 
 

@@ -97,9 +97,10 @@ def _seed_rows(exp_dir: Path) -> dict[str, list[list[dict]]]:
 def _front(points: dict[str, tuple[float, float]]) -> set[str]:
     """Brute force: the labels whose (bytes, accuracy) no other point beats on one and matches on the other."""
     return {
-        a for a, (ba, ya) in points.items()
+        a
+        for a, (ba, ya) in points.items()
         if not any(bb <= ba and yb >= ya and (bb, yb) != (ba, ya) for bb, yb in points.values())
-    }  # fmt: skip
+    }
 
 
 def test_every_sweep_point_has_its_own_folder_and_finished_runs_are_not_redone(
@@ -107,8 +108,9 @@ def test_every_sweep_point_has_its_own_folder_and_finished_runs_are_not_redone(
 ) -> None:
     experiment, exp_dir = finished
     assert sorted(runner.describe(cfg) for cfg in experiment.runs)[:2] == [
-        "fedavg seed 0", "fedavg seed 1",
-    ]  # fmt: skip
+        "fedavg seed 0",
+        "fedavg seed 1",
+    ]
     for label, folder in GROUPS.items():
         for seed, path in enumerate((exp_dir / folder, exp_dir / folder / "seed1")):
             config = json.loads((path / "config.json").read_text())
@@ -257,9 +259,13 @@ def test_a_key_both_swept_and_set_on_the_command_line_is_refused(
 def test_without_a_sweep_the_layout_is_unchanged() -> None:
     exp = runner.load_experiment(runner.DEFAULT_CONFIG, {"out-dir": "runs", "num-rounds": 2}, seeds=2)
     assert [str(runlog.run_dir(cfg)) for cfg in exp.runs] == [
-        "runs/default/fetchsgd", "runs/default/fetchsgd/seed1", "runs/default/local_topk",
-        "runs/default/local_topk/seed1", "runs/default/fedavg", "runs/default/fedavg/seed1",
-    ]  # fmt: skip
+        "runs/default/fetchsgd",
+        "runs/default/fetchsgd/seed1",
+        "runs/default/local_topk",
+        "runs/default/local_topk/seed1",
+        "runs/default/fedavg",
+        "runs/default/fedavg/seed1",
+    ]
 
 
 def test_pareto_front_on_hand_made_points() -> None:
@@ -272,10 +278,17 @@ def test_pareto_front_on_hand_made_points() -> None:
 
 def _rows(acc: list[float], up: int = 10, down: int = 5) -> list[dict]:
     return [
-        {"round": i, "strategy": "x", "seed": 0, "test_accuracy": a, "cum_upload_bytes": up * i,
-         "cum_download_bytes": down * i, "cum_dense_upload_bytes": 4 * up * i}
+        {
+            "round": i,
+            "strategy": "x",
+            "seed": 0,
+            "test_accuracy": a,
+            "cum_upload_bytes": up * i,
+            "cum_download_bytes": down * i,
+            "cum_dense_upload_bytes": 4 * up * i,
+        }
         for i, a in enumerate(acc, 1)
-    ]  # fmt: skip
+    ]
 
 
 def test_bytes_to_target_takes_the_first_evaluated_round_that_reaches_it() -> None:

@@ -28,9 +28,18 @@ from fedsketch.config import RunConfig
 pytestmark = pytest.mark.slow
 FEDSKETCH = str(Path(sys.executable).parent / "fedsketch")
 SETTINGS = [
-    "num-clients=20", "clients-per-round=10", "num-rounds=6", "eval-every=1", "checkpoint-every=2",
-    "sketch-rows=3", "sketch-cols=5000", "k=2000", "lr=0.5", "lr-schedule=linear", "experiment=resume",
-]  # fmt: skip
+    "num-clients=20",
+    "clients-per-round=10",
+    "num-rounds=6",
+    "eval-every=1",
+    "checkpoint-every=2",
+    "sketch-rows=3",
+    "sketch-cols=5000",
+    "k=2000",
+    "lr=0.5",
+    "lr-schedule=linear",
+    "experiment=resume",
+]
 CLOCK = ("wall_s", "unix_time")
 
 

@@ -34,9 +34,17 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
-    "num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 2, "eval-every": 1, "lr": 0.3, "local-batch-size": 10_000,
-}  # fmt: skip
+    "num-clients": 12,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 2,
+    "eval-every": 1,
+    "lr": 0.3,
+    "local-batch-size": 10_000,
+}
 Exchange = tuple[list[Message], list[Message]]
 
 
@@ -110,9 +118,15 @@ def test_fetchsgd_steps_on_the_example_weighted_merge_of_the_tables(runs: dict[s
     strat, cfg, recorder = runs["fetchsgd"]
     w = models(strat, recorder)
     params = fetchsgd.FetchSGDParams(
-        d=w[0].numel(), rows=cfg.sketch_rows, cols=cfg.sketch_cols, seed=cfg.seed, k=cfg.k, momentum=cfg.momentum,
-        error_feedback=ERROR_FEEDBACK.of(cfg), momentum_zeroing=cfg.momentum_zeroing,
-    )  # fmt: skip
+        d=w[0].numel(),
+        rows=cfg.sketch_rows,
+        cols=cfg.sketch_cols,
+        seed=cfg.seed,
+        k=cfg.k,
+        momentum=cfg.momentum,
+        error_feedback=ERROR_FEEDBACK.of(cfg),
+        momentum_zeroing=cfg.momentum_zeroing,
+    )
     state = fetchsgd.init(params)
     for rnd, [(_, replies)] in sorted(recorder.rounds().items()):
         uploads = sent(replies)

@@ -41,9 +41,11 @@ lr = 0.05
     )
     exp = runner.load_experiment(path, overrides=runner.parse_overrides(["num-rounds=3", "k=10"]))
     assert [(r.strategy, r.seed, r.num_rounds, r.lr, r.k) for r in exp.runs] == [
-        ("fetchsgd", 0, 3, 0.5, 10), ("fetchsgd", 1, 3, 0.5, 10),
-        ("fedavg", 0, 3, 0.05, 10), ("fedavg", 1, 3, 0.05, 10),
-    ]  # fmt: skip
+        ("fetchsgd", 0, 3, 0.5, 10),
+        ("fetchsgd", 1, 3, 0.5, 10),
+        ("fedavg", 0, 3, 0.05, 10),
+        ("fedavg", 1, 3, 0.05, 10),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -63,8 +65,11 @@ def test_mistakes_stop_before_any_run(tmp_path: Path, text: str, message: str) -
 
 def test_overrides_parse_toml_values_and_bare_words() -> None:
     assert runner.parse_overrides(["k=5", "lr=0.5", "dataset=mnist", "momentum-zeroing=false"]) == {
-        "k": 5, "lr": 0.5, "dataset": "mnist", "momentum-zeroing": False,
-    }  # fmt: skip
+        "k": 5,
+        "lr": 0.5,
+        "dataset": "mnist",
+        "momentum-zeroing": False,
+    }
     with pytest.raises(ConfigError, match="not of the form key=value"):
         runner.parse_overrides(["k"])
 

@@ -19,9 +19,15 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
-    "num-clients": 20, "clients-per-round": 6, "model-hidden": 16, "k": 30, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 1, "eval-every": 1,
-}  # fmt: skip
+    "num-clients": 20,
+    "clients-per-round": 6,
+    "model-hidden": 16,
+    "k": 30,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 1,
+    "eval-every": 1,
+}
 
 
 def one_round(cfg: RunConfig, out: Path, nodes: int) -> tuple[FedSketchStrategy, list[ClientUpdate], dict[str, Any]]:
@@ -45,8 +51,9 @@ def one_round(cfg: RunConfig, out: Path, nodes: int) -> tuple[FedSketchStrategy,
 def test_secure_sum_equals_the_plain_sum_within_quantization_error(tmp_path: Path, strategy: str, nodes: int) -> None:
     cfg = RunConfig.from_mapping({**SETTINGS, "strategy": strategy})
     plain, updates, plain_row = one_round(cfg, tmp_path / "plain", nodes)
-    secure, (mean,), row = one_round(RunConfig.from_mapping({"secure-aggregation": True}, base=cfg),
-                                     tmp_path / "secure", nodes)  # fmt: skip
+    secure, (mean,), row = one_round(
+        RunConfig.from_mapping({"secure-aggregation": True}, base=cfg), tmp_path / "secure", nodes
+    )
     name = "table" if strategy == "fetchsgd" else "update"
     total = sum(u.num_examples for u in updates)
     exact = sum(u.payload[name].astype(np.float64) * (u.num_examples / total) for u in updates)
@@ -73,8 +80,9 @@ def test_secure_aggregation_costs_bytes_and_says_how_many(tmp_path: Path) -> Non
 
 def test_nodes_clip_their_own_clients(tmp_path: Path) -> None:
     """The server cannot clip what it cannot see: with clip-norm, each node clips its clients before summing."""
-    cfg = RunConfig.from_mapping({**SETTINGS, "strategy": "fedavg", "lr": 1.0, "momentum": 0.0, "clip-norm": 0.01,
-                                  "secure-aggregation": True})  # fmt: skip
+    cfg = RunConfig.from_mapping(
+        {**SETTINGS, "strategy": "fedavg", "lr": 1.0, "momentum": 0.0, "clip-norm": 0.01, "secure-aggregation": True}
+    )
     strat, (mean,), _ = one_round(cfg, tmp_path, nodes=3)
     slack = np.sqrt(strat.d) * quantization_error(3, 0.5)  # the total weight is at least half here
     assert np.linalg.norm(mean.payload["update"]) <= 0.01 + slack
@@ -108,8 +116,18 @@ def test_secure_fetchsgd_trains_through_a_real_flower_simulation(tmp_path: Path,
     from experiments.cli import main as fedsketch_main
 
     args = ["run", "--out", str(tmp_path), "--strategies", "fetchsgd", "--supernodes", "3", "--no-plot"]
-    for pair in ["num-clients=20", "clients-per-round=6", "num-rounds=3", "eval-every=1", "sketch-rows=3",
-                 "sketch-cols=5000", "k=2000", "lr=0.5", "experiment=secure", "secure-aggregation=true"]:  # fmt: skip
+    for pair in [
+        "num-clients=20",
+        "clients-per-round=6",
+        "num-rounds=3",
+        "eval-every=1",
+        "sketch-rows=3",
+        "sketch-cols=5000",
+        "k=2000",
+        "lr=0.5",
+        "experiment=secure",
+        "secure-aggregation=true",
+    ]:
         args += ["--set", pair]
     assert fedsketch_main(args) == 0
     rows = [json.loads(line) for line in (tmp_path / "secure" / "fetchsgd" / "metrics.jsonl").read_text().splitlines()]

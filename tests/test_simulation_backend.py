@@ -215,9 +215,16 @@ def test_ray_is_the_default_only_where_a_ray_cluster_is_named() -> None:
 
 
 TINY = [
-    "num-clients=20", "clients-per-round=10", "num-rounds=3", "eval-every=1",
-    "sketch-rows=3", "sketch-cols=5000", "k=2000", "lr=0.5", 'lr-schedule="constant"',
-]  # fmt: skip
+    "num-clients=20",
+    "clients-per-round=10",
+    "num-rounds=3",
+    "eval-every=1",
+    "sketch-rows=3",
+    "sketch-cols=5000",
+    "k=2000",
+    "lr=0.5",
+    'lr-schedule="constant"',
+]
 RAY_NAMES = ("raylet", "gcs_server", "ray::")
 
 
@@ -279,8 +286,17 @@ def test_cohorts_on_two_threads_at_once_equal_the_same_cohorts_one_after_another
     from fedsketch.methods import ClientJob
     from fedsketch.task import load_data, make_model
 
-    cfg = RunConfig.from_mapping({"num-clients": 12, "model-hidden": 256, "k": 40, "sketch-rows": 3,
-                                  "sketch-cols": 400, "local-steps": 20, "client-update": "delta"})  # fmt: skip
+    cfg = RunConfig.from_mapping(
+        {
+            "num-clients": 12,
+            "model-hidden": 256,
+            "k": 40,
+            "sketch-rows": 3,
+            "sketch-cols": 400,
+            "local-steps": 20,
+            "client-update": "delta",
+        }
+    )
     d = get_flat(make_model(cfg, load_data(cfg))).numel()
     weights = [np.random.default_rng(s).normal(0, 0.05, d).astype(np.float32) for s in (1, 2)]
     jobs = [[ClientJob(cid, 2, {"sketch-seed": 0, "sketch-rows": 3, "sketch-cols": 400}) for cid in range(6)]] * 2

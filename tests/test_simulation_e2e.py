@@ -21,9 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 TINY = [
-    "num-clients=20", "clients-per-round=10", "num-rounds=3", "eval-every=1",
-    "sketch-rows=3", "sketch-cols=5000", "k=2000", "lr=0.5", 'lr-schedule="constant"',
-]  # fmt: skip
+    "num-clients=20",
+    "clients-per-round=10",
+    "num-rounds=3",
+    "eval-every=1",
+    "sketch-rows=3",
+    "sketch-cols=5000",
+    "k=2000",
+    "lr=0.5",
+    'lr-schedule="constant"',
+]
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
@@ -66,15 +73,29 @@ def test_flwr_run_from_the_project_folder_leaves_no_process(tmp_path: Path, no_l
     """`flwr run .` with a private FLWR_HOME runs the app's defaults (shortened here)."""
     port, control = free_port(), free_port()
     bin_dir = str(Path(sys.executable).parent)  # flwr starts the SuperLink and SuperExec by name
-    env = dict(os.environ, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), FLWR_HOME=str(tmp_path / "home"), FLWR_TELEMETRY_ENABLED="0",
-               FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port), FLWR_LOCAL_CONTROL_API_PORT=str(control))  # fmt: skip
+    env = dict(
+        os.environ,
+        PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        FLWR_HOME=str(tmp_path / "home"),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+        FLWR_LOCAL_CONTROL_API_PORT=str(control),
+    )
     out = tmp_path / "out"
     overrides = " ".join([*TINY, f'out-dir="{out}"'])
     flwr = str(Path(sys.executable).parent / "flwr")
     try:
-        done = subprocess.run([flwr, "run", ".", "--stream", "--run-config", overrides], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=420, check=False)  # fmt: skip
+        done = subprocess.run(
+            [flwr, "run", ".", "--stream", "--run-config", overrides],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+            check=False,
+        )
     finally:
         _stop_local_superlink(port, tmp_path / "home")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

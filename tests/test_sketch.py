@@ -44,12 +44,18 @@ def hash_reader(d: int, cols: int, seed: int) -> CountSketch:
 @pytest.mark.parametrize(("d", "rows", "cols"), SHAPES)
 def test_sketch_is_linear(d: int, rows: int, cols: int) -> None:
     a, b = randn(d, 1), randn(d, 2)
-    torch.testing.assert_close((sketch_of(a, rows, cols) + sketch_of(b, rows, cols)).table,
-                               sketch_of(a + b, rows, cols).table, rtol=1e-5, atol=1e-4)  # fmt: skip
-    torch.testing.assert_close((2.5 * sketch_of(a, rows, cols)).table, sketch_of(2.5 * a, rows, cols).table,
-                               rtol=1e-5, atol=1e-4)  # fmt: skip
-    torch.testing.assert_close((sketch_of(a, rows, cols) * -3).table, sketch_of(-3 * a, rows, cols).table,
-                               rtol=1e-5, atol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        (sketch_of(a, rows, cols) + sketch_of(b, rows, cols)).table,
+        sketch_of(a + b, rows, cols).table,
+        rtol=1e-5,
+        atol=1e-4,
+    )
+    torch.testing.assert_close(
+        (2.5 * sketch_of(a, rows, cols)).table, sketch_of(2.5 * a, rows, cols).table, rtol=1e-5, atol=1e-4
+    )
+    torch.testing.assert_close(
+        (sketch_of(a, rows, cols) * -3).table, sketch_of(-3 * a, rows, cols).table, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_merge_of_client_sketches_is_the_sketch_of_the_sum() -> None:
@@ -60,8 +66,12 @@ def test_merge_of_client_sketches_is_the_sketch_of_the_sum() -> None:
         merged += sketch_of(update, rows, cols, seed=3)
     total = sketch_of(torch.stack(clients).sum(0), rows, cols, seed=3)
     torch.testing.assert_close(merged.table, total.table, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(sum(sketch_of(u, rows, cols, seed=3) for u in clients).table, total.table,  # type: ignore[union-attr]
-                               rtol=1e-5, atol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        sum(sketch_of(u, rows, cols, seed=3) for u in clients).table,
+        total.table,  # type: ignore[union-attr]
+        rtol=1e-5,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize(("d", "rows", "cols"), SHAPES)
@@ -303,15 +313,27 @@ def _sketch() -> CountSketch:
         (lambda: _sketch().accumulate(torch.tensor([float("nan")] * 10)), ValueError, "vec contains NaN or Inf"),
         (lambda: _sketch().accumulate(torch.full((10,), float("inf"))), ValueError, "vec contains NaN or Inf"),
         (lambda: _sketch().accumulate([0.0] * 10), TypeError, "vec must be a torch.Tensor"),  # type: ignore[arg-type]
-        (lambda: _sketch().accumulate(torch.zeros(10, device="meta")), ValueError, "vec is on meta but the sketch is on cpu"),
+        (
+            lambda: _sketch().accumulate(torch.zeros(10, device="meta")),
+            ValueError,
+            "vec is on meta but the sketch is on cpu",
+        ),
         (lambda: _sketch().topk(0), ValueError, r"k must be an int in 1\.\.d=10; got 0"),
         (lambda: _sketch().topk(11), ValueError, r"k must be an int in 1\.\.d=10; got 11"),
         (lambda: _sketch().heavy_hitters(0.0), ValueError, r"fraction must be a number in \(0, 1\]"),
         (lambda: _sketch().estimate(torch.tensor([10])), ValueError, r"indices must be in \[0, d=10\)"),
         (lambda: _sketch().estimate(torch.tensor([1.0])), TypeError, "indices must be an integer tensor"),
         (lambda: _sketch().zero_buckets(torch.zeros(2, 2, dtype=torch.int64)), ValueError, "indices must be 1-D"),
-        (lambda: _sketch().accumulate_sparse(torch.tensor([1, 2]), torch.ones(3)), ValueError, "values has length 3; expected 2"),
-        (lambda: CountSketch.from_table(torch.zeros(8), 10, 0), ValueError, r"table must be 2-D \(rows x cols\); got shape \(8,\)"),
+        (
+            lambda: _sketch().accumulate_sparse(torch.tensor([1, 2]), torch.ones(3)),
+            ValueError,
+            "values has length 3; expected 2",
+        ),
+        (
+            lambda: CountSketch.from_table(torch.zeros(8), 10, 0),
+            ValueError,
+            r"table must be 2-D \(rows x cols\); got shape \(8,\)",
+        ),
         (lambda: CountSketch.from_table(torch.zeros(2, 3, 4), 10, 0), ValueError, "table must be 2-D"),
         (lambda: CountSketch.from_table(torch.zeros(0, 4), 10, 0), ValueError, "rows must be positive"),
         (lambda: CountSketch.from_table(torch.zeros(3, 8, dtype=torch.int32), 10, 0), TypeError, "floating-point"),
@@ -321,7 +343,7 @@ def _sketch() -> CountSketch:
         (lambda: _sketch() * float("nan"), ValueError, "cannot scale a sketch by nan"),
         (lambda: _sketch() + 1, TypeError, "unsupported operand"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_refused_with_the_reason(make, error: type[Exception], match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error, match=match):
         make()

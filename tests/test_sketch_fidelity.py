@@ -33,9 +33,15 @@ from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
 SETTINGS = {
-    "num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 40, "sketch-rows": 3,
-    "sketch-cols": 400, "num-rounds": 6, "eval-every": 2,
-}  # fmt: skip
+    "num-clients": 12,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 6,
+    "eval-every": 2,
+}
 TIMING = ("wall_s", "unix_time")
 
 
@@ -63,8 +69,15 @@ def test_the_fetchsgd_step_is_bit_identical_with_the_diagnostic_on_and_off(on_an
     assert torch.equal(off.state.momentum, on.state.sketched.momentum) and torch.equal(
         off.state.error, on.state.sketched.error
     )
-    extra = ("diagnostic_bytes", "cum_diagnostic_bytes", "sketch_recall", "sketch_rel_error", "sketch_state_drift",
-             "sketch_topk_mass", "sketch_rounds")  # fmt: skip
+    extra = (
+        "diagnostic_bytes",
+        "cum_diagnostic_bytes",
+        "sketch_recall",
+        "sketch_rel_error",
+        "sketch_state_drift",
+        "sketch_topk_mass",
+        "sketch_rounds",
+    )
     assert [{k: v for k, v in r.items() if k not in (*TIMING, *extra)} for r in on_rows] == [
         {k: v for k, v in r.items() if k not in TIMING} for r in off_rows
     ]
@@ -99,9 +112,17 @@ def test_a_sketch_that_recovers_exactly_has_recall_one_and_no_error(tmp_path: Pa
     # d = 1,418 coordinates in 5 rows of 50,000 buckets: a coordinate shares a bucket in a row with
     # probability ~3%, so the median of its 5 rows is exact; so is the merge, bucket by bucket. Under a
     # decaying learning rate the two lr placements train differently; the shadow must follow either.
-    strat, rows = run(tmp_path, {"diagnose-sketch": True, "sketch-rows": 5, "sketch-cols": 50_000,
-                                 "error-feedback": "subtract", "lr-schedule": "linear",
-                                 "lr-placement": placement})  # fmt: skip
+    strat, rows = run(
+        tmp_path,
+        {
+            "diagnose-sketch": True,
+            "sketch-rows": 5,
+            "sketch-cols": 50_000,
+            "error-feedback": "subtract",
+            "lr-schedule": "linear",
+            "lr-placement": placement,
+        },
+    )
     assert fetchsgd_method.params(strat.cfg, strat.d).lr_placement == placement
     assert all(0.0 < r["sketch_topk_mass"] <= 1.0 for r in rows)
     assert [r["sketch_recall"] for r in rows] == [1.0] * len(rows)
@@ -120,8 +141,9 @@ def test_a_tiny_sketch_misses_part_of_the_true_top_k(tmp_path: Path) -> None:
 def test_the_shadow_is_what_the_sketch_holds_under_subtract_only(variant: str, placement: str) -> None:
     """Under ``subtract`` every sketch operation is linear: the error sketch is the sketch of the shadow's error."""
     d = 3_000
-    params = fetchsgd.FetchSGDParams(d=d, rows=3, cols=300, seed=4, k=60, momentum=0.9, error_feedback=variant,
-                                     lr_placement=placement)  # fmt: skip
+    params = fetchsgd.FetchSGDParams(
+        d=d, rows=3, cols=300, seed=4, k=60, momentum=0.9, error_feedback=variant, lr_placement=placement
+    )
     gen = torch.Generator().manual_seed(5)
     state = fidelity.init(params)
     reports = []

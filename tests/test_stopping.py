@@ -127,8 +127,10 @@ def test_a_skipped_run_is_marked_and_the_next_runs_interrupted_run_ends_the_expe
     stops = {"fetchsgd": (2, stopping.Skipped()), "fedavg": (3, stopping.Interrupted(signal.SIGINT))}
     outcomes = [o for _, o in runner.run_all(exp.runs, _rounds(stops))]  # type: ignore[arg-type]
     assert outcomes == [
-        "skipped (SIGUSR1) after round 2 of 4", "interrupted (SIGINT) after round 3 of 4", "not started",
-    ]  # fmt: skip
+        "skipped (SIGUSR1) after round 2 of 4",
+        "interrupted (SIGINT) after round 3 of 4",
+        "not started",
+    ]
     fetch, dense = (runlog.run_dir(cfg) for cfg in exp.runs[:2])
     status = runlog.read_status(fetch) or {}
     assert (status["state"], status["cause"], status["round"], status["num-rounds"]) == ("skipped", "SIGUSR1", 2, 4)
@@ -158,9 +160,18 @@ def test_report_and_plot_say_which_runs_were_stopped(tmp_path: Path, capsys: pyt
         path = runner.prepare(cfg)
         runlog.write_config(cfg, path)
         for rnd in range(1, 3 if cfg.strategy == "fetchsgd" else 5):
-            runlog.append_metrics(path, {"round": rnd, "strategy": cfg.strategy, "seed": 0, "test_accuracy": 0.1 * rnd,
-                                         "cum_upload_bytes": 10**6 * rnd, "cum_download_bytes": 10**7 * rnd,
-                                         "cum_dense_upload_bytes": 10**7 * rnd})  # fmt: skip
+            runlog.append_metrics(
+                path,
+                {
+                    "round": rnd,
+                    "strategy": cfg.strategy,
+                    "seed": 0,
+                    "test_accuracy": 0.1 * rnd,
+                    "cum_upload_bytes": 10**6 * rnd,
+                    "cum_download_bytes": 10**7 * rnd,
+                    "cum_dense_upload_bytes": 10**7 * rnd,
+                },
+            )
     runlog.write_status(runlog.run_dir(exp.runs[0]), "interrupted", "SIGINT", 4)
     exp_dir = tmp_path / "default"
     assert fedsketch_main(["report", str(exp_dir)]) == 0
@@ -176,8 +187,9 @@ def test_a_child_that_lost_the_token_is_stopped_with_its_parent() -> None:
     """Ray's processes rename themselves, which can overwrite the environment /proc shows: children count too."""
     token = f"fedsketch-test-{os.getpid()}-{time.monotonic_ns()}"
     code = "import subprocess, time; c = subprocess.Popen(['/bin/sleep', '60'], env={}); print(c.pid, flush=True); time.sleep(60)"
-    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, stopping.TOKEN_VAR: token},
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, stopping.TOKEN_VAR: token}, stdout=subprocess.PIPE, text=True
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     assert b"FEDSKETCH" not in Path(f"/proc/{child}/environ").read_bytes()

@@ -32,14 +32,30 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 MARK = "FEDSKETCH_STOP_TEST_MARK"
 EXIT_WITHIN_S = 20.0  # measured 3.3-3.6 s on a busy 2-core machine: stopping waits GRACE_S = 3 s for SIGTERM
-SIMULATION = ["flower-superlink", "flower-superexec", "flwr run", "flwr-simulation", "gcs_server", "raylet",
-              "ray::ClientAppActor"]  # fmt: skip
+SIMULATION = [
+    "flower-superlink",
+    "flower-superexec",
+    "flwr run",
+    "flwr-simulation",
+    "gcs_server",
+    "raylet",
+    "ray::ClientAppActor",
+]
 """A simulation's processes with ``--backend ray``; the in-process backend starts the first four only."""
 BACKEND_PROCESSES = {"ray": SIMULATION, "inprocess": SIMULATION[:4]}
 DEPLOYMENT = ["flower-superlink", "flower-supernode", "flower-superexec", "flwr run", "flwr-serverapp"]
 ROUNDS = 300  # about 0.3 s a round here once started: still training when the signal comes
-TINY = ["num-clients=20", "clients-per-round=10", f"num-rounds={ROUNDS}", "eval-every=1", "sketch-rows=3",
-        "sketch-cols=5000", "k=2000", "lr=0.5", 'lr-schedule="constant"']  # fmt: skip
+TINY = [
+    "num-clients=20",
+    "clients-per-round=10",
+    f"num-rounds={ROUNDS}",
+    "eval-every=1",
+    "sketch-rows=3",
+    "sketch-cols=5000",
+    "k=2000",
+    "lr=0.5",
+    'lr-schedule="constant"',
+]
 TINY_DEPLOY = ["num-rounds=20", "eval-every=1", "local-batch-size=64", "sketch-rows=5", "sketch-cols=2000", "k=500"]
 
 
@@ -52,8 +68,14 @@ class Command:
         # A script's ``cmd &`` starts a command with SIGINT ignored: that is how the issue's Ctrl-C went unheard.
         ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, env=env,
-                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=ignore)  # noqa: PLW1509  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "experiments.cli", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=ignore,  # noqa: PLW1509
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

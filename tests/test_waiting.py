@@ -26,8 +26,16 @@ from strategies import waiting
 from strategies.server_app import build_strategy, poll_replies_sooner
 from strategies.waiting import DEPLOYMENT, WALL_CLOCK, PollSchedule, delay, pulls_within
 
-TINY = {"num-clients": 4, "clients-per-round": 4, "model-hidden": 8, "k": 20, "num-rounds": 2,
-        "sketch-rows": 3, "sketch-cols": 100, "eval-every": 1}  # fmt: skip
+TINY = {
+    "num-clients": 4,
+    "clients-per-round": 4,
+    "model-hidden": 8,
+    "k": 20,
+    "num-rounds": 2,
+    "sketch-rows": 3,
+    "sketch-cols": 100,
+    "eval-every": 1,
+}
 EXACT = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=0.25)  # powers of two: the clock's sums are exact
 
 

@@ -69,12 +69,14 @@ def test_identical_chunks_and_arrays_are_counted_once_as_flower_sends_them() -> 
 
 
 def test_a_whole_reply_counts_each_record() -> None:
-    content = RecordDict({
-        wire.update_key(3): payload_to_record({"update": RNG.standard_normal(5000).astype(np.float32)}),
-        wire.metrics_key(3): client_metrics(64, 0.5, 0.1),
-        wire.CONFIG_KEY: ConfigRecord({"round": 2, wire.CIDS: [3, 4]}),
-        "m": MetricRecord({"x": 1.5}),
-    })  # fmt: skip
+    content = RecordDict(
+        {
+            wire.update_key(3): payload_to_record({"update": RNG.standard_normal(5000).astype(np.float32)}),
+            wire.metrics_key(3): client_metrics(64, 0.5, 0.1),
+            wire.CONFIG_KEY: ConfigRecord({"round": 2, wire.CIDS: [3, 4]}),
+            "m": MetricRecord({"x": 1.5}),
+        }
+    )
     assert wire_bytes(content) == deflated(content)
     assert wire_bytes(content) == sum(wire_bytes(record) for record in content.values())
 

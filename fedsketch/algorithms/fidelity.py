@@ -183,9 +183,13 @@ def report(state: FidelityState) -> tuple[FidelityState, FidelityReport]:
 
 
 def _take_out(
-    u: torch.Tensor, e: torch.Tensor, update: fetchsgd.FetchSGDUpdate, momentum_before: torch.Tensor,
-    merged: torch.Tensor, params: fetchsgd.FetchSGDParams,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    u: torch.Tensor,
+    e: torch.Tensor,
+    update: fetchsgd.FetchSGDUpdate,
+    momentum_before: torch.Tensor,
+    merged: torch.Tensor,
+    params: fetchsgd.FetchSGDParams,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Remove FetchSGD's ``Delta`` from the shadow as its variant removes it from the sketches.
 
     ``subtract``: ``e -=`` what the step took out of the error sketch

@@ -81,8 +81,13 @@ def _gaussiank(
     if adjust not in gaussiank.ADJUST_RULES:
         raise ValueError(f"adjust must be one of {gaussiank.ADJUST_RULES}; got {adjust!r}")
     options = {"k": k, "max_rounds": max_rounds, "adjust": adjust, "cap": cap, "varint": varint}
-    return Compressor("gaussiank", d, False, lambda v, _: gaussiank.compress(v, **options),  # type: ignore[arg-type]
-                      lambda p, _: gaussiank.decompress(p, d))  # fmt: skip
+    return Compressor(
+        "gaussiank",
+        d,
+        False,
+        lambda v, _: gaussiank.compress(v, **options),  # type: ignore[arg-type]
+        lambda p, _: gaussiank.decompress(p, d),
+    )
 
 
 def _qsgd(d: int, s: int, bucket_size: int | None = None) -> Compressor:
@@ -115,9 +120,14 @@ def _signsgd(d: int, bucket_size: int | None = None, random_zeros: bool = False)
 
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
-    "none": _none, "topk": _topk, "random_k": _random_k, "gaussiank": _gaussiank, "qsgd": _qsgd,
-    "terngrad": _terngrad, "signsgd": _signsgd,
-}  # fmt: skip
+    "none": _none,
+    "topk": _topk,
+    "random_k": _random_k,
+    "gaussiank": _gaussiank,
+    "qsgd": _qsgd,
+    "terngrad": _terngrad,
+    "signsgd": _signsgd,
+}
 
 
 def get_compressor(name: str, d: int, **options: object) -> Compressor:

@@ -77,8 +77,15 @@ class DataSpec:
             raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"unknown partition {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
-        for name in ("num_clients", "classes_per_client", "shards_per_client", "samples_per_client", "seed",
-                     "synthetic_devices", "num_classes"):  # fmt: skip
+        for name in (
+            "num_clients",
+            "classes_per_client",
+            "shards_per_client",
+            "samples_per_client",
+            "seed",
+            "synthetic_devices",
+            "num_classes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise TypeError(f"{name} must be an int; got {value!r}")

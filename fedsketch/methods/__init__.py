@@ -60,6 +60,17 @@ def received_round_config(cfg: RunConfig, config: Mapping[str, object]) -> dict[
 
 
 __all__ = [
-    "METHODS", "NAMES", "REGISTRY", "ClientJob", "ClientUpdate", "Method", "Payload", "PayloadCheck", "PayloadSpec",
-    "Round", "State", "get_method", "received_round_config",
-]  # fmt: skip
+    "METHODS",
+    "NAMES",
+    "REGISTRY",
+    "ClientJob",
+    "ClientUpdate",
+    "Method",
+    "Payload",
+    "PayloadCheck",
+    "PayloadSpec",
+    "Round",
+    "State",
+    "get_method",
+    "received_round_config",
+]

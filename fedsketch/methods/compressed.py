@@ -51,10 +51,12 @@ carry an error (Rothchild et al., ICML 2020, Sec. 4-5; their CommEfficient code,
 error lives on the server). The server step is the same either way.
 """
 SIGNSGD_VARIANT = Setting(
-    "signsgd-variant", str, "ef",
+    "signsgd-variant",
+    str,
+    "ef",
     "`ef` (EF-signSGD: scaled signs, client error feedback) or `majority` (sign bits, majority vote)",
     choices=("ef", "majority"),
-)  # fmt: skip
+)
 COMMON = ("momentum", "momentum-zeroing", "download-k")
 SPARSIFIERS = ("local_topk", "random_k", "gaussiank")
 
@@ -179,8 +181,9 @@ def report(state: CompressedState, cfg: RunConfig) -> tuple[CompressedState, dic
         return state, {}
     mean = sent / clients
     return CompressedState(state.server, torch.zeros_like(state.tally)), {
-        "values_per_client": mean, "values_over_k": mean / cfg.k
-    }  # fmt: skip
+        "values_per_client": mean,
+        "values_over_k": mean / cfg.k,
+    }
 
 
 def error_feedback(cfg: RunConfig) -> bool:
@@ -197,24 +200,68 @@ def state_vectors(cfg: RunConfig) -> int:
 
 def _method(name: str, upload_desc: str, keeps: str, paper: str, **facts: object) -> Method:
     return Method(
-        name=name, upload=upload_desc, client_state=keeps, paper=paper, encode=encode, layout=layout,
-        init=init, step=step, report=report, state_vectors=state_vectors, **facts,  # type: ignore[arg-type]
-    )  # fmt: skip
+        name=name,
+        upload=upload_desc,
+        client_state=keeps,
+        paper=paper,
+        encode=encode,
+        layout=layout,
+        init=init,
+        step=step,
+        report=report,
+        state_vectors=state_vectors,
+        **facts,  # type: ignore[arg-type]
+    )
 
 
 METHODS = (
-    _method("local_topk", "own top-k, values and positions", "client: error, d floats; none: none",
-            "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
-            settings=(LOCAL_TOPK_ERROR,), uses=("k", *COMMON), sweep={"k": "k", "local-topk-error": "error"}),
-    _method("random_k", "k values at coordinates the round shares", "error, d floats", "Stich et al., NeurIPS 2018",
-            uses=("k", *COMMON), sweep={"k": "k"}),
-    _method("gaussiank", "values above a Gaussian-fit threshold", "error, d floats", "Shi et al., 2019",
-            uses=("k", *COMMON), sweep={"k": "k"}),
-    _method("qsgd", "s-level stochastic quantization", "none (unbiased)", "Alistarh et al., NeurIPS 2017",
-            settings=(QSGD_LEVELS,), uses=("quantizer-bucket-size", *COMMON), sweep={"qsgd-levels": "levels"}),
-    _method("terngrad", "stochastic ternarization", "none (unbiased)", "Wen et al., NeurIPS 2017",
-            uses=("quantizer-bucket-size", *COMMON)),
-    _method("signsgd", "scaled signs (ef) or sign bits (majority)", "ef: error, d floats; majority: none",
-            "Karimireddy et al., ICML 2019; Bernstein et al., ICLR 2019",
-            settings=(SIGNSGD_VARIANT,), uses=("quantizer-bucket-size", *COMMON)),
-)  # fmt: skip
+    _method(
+        "local_topk",
+        "own top-k, values and positions",
+        "client: error, d floats; none: none",
+        "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
+        settings=(LOCAL_TOPK_ERROR,),
+        uses=("k", *COMMON),
+        sweep={"k": "k", "local-topk-error": "error"},
+    ),
+    _method(
+        "random_k",
+        "k values at coordinates the round shares",
+        "error, d floats",
+        "Stich et al., NeurIPS 2018",
+        uses=("k", *COMMON),
+        sweep={"k": "k"},
+    ),
+    _method(
+        "gaussiank",
+        "values above a Gaussian-fit threshold",
+        "error, d floats",
+        "Shi et al., 2019",
+        uses=("k", *COMMON),
+        sweep={"k": "k"},
+    ),
+    _method(
+        "qsgd",
+        "s-level stochastic quantization",
+        "none (unbiased)",
+        "Alistarh et al., NeurIPS 2017",
+        settings=(QSGD_LEVELS,),
+        uses=("quantizer-bucket-size", *COMMON),
+        sweep={"qsgd-levels": "levels"},
+    ),
+    _method(
+        "terngrad",
+        "stochastic ternarization",
+        "none (unbiased)",
+        "Wen et al., NeurIPS 2017",
+        uses=("quantizer-bucket-size", *COMMON),
+    ),
+    _method(
+        "signsgd",
+        "scaled signs (ef) or sign bits (majority)",
+        "ef: error, d floats; majority: none",
+        "Karimireddy et al., ICML 2019; Bernstein et al., ICLR 2019",
+        settings=(SIGNSGD_VARIANT,),
+        uses=("quantizer-bucket-size", *COMMON),
+    ),
+)

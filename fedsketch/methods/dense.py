@@ -68,11 +68,27 @@ def topk_step(state: server.TopkServerState, rnd: Round, cfg: RunConfig) -> tupl
 
 
 FEDAVG = Method(
-    name="fedavg", upload="dense float32", client_state="none", paper="McMahan et al., AISTATS 2017",
-    encode=encode, layout=layout, init=fedavg_init, step=fedavg_step, uses=("momentum",), linear=True,
-)  # fmt: skip
+    name="fedavg",
+    upload="dense float32",
+    client_state="none",
+    paper="McMahan et al., AISTATS 2017",
+    encode=encode,
+    layout=layout,
+    init=fedavg_init,
+    step=fedavg_step,
+    uses=("momentum",),
+    linear=True,
+)
 TRUE_TOPK = Method(
-    name="true_topk", upload="dense float32 (server takes the top-k)", client_state="none",
-    paper="Rothchild et al., ICML 2020", encode=encode, layout=layout, init=topk_init, step=topk_step,
-    uses=("k", "momentum", "momentum-zeroing"), sweep={"k": "k"}, linear=True,
-)  # fmt: skip
+    name="true_topk",
+    upload="dense float32 (server takes the top-k)",
+    client_state="none",
+    paper="Rothchild et al., ICML 2020",
+    encode=encode,
+    layout=layout,
+    init=topk_init,
+    step=topk_step,
+    uses=("k", "momentum", "momentum-zeroing"),
+    sweep={"k": "k"},
+    linear=True,
+)

@@ -30,13 +30,25 @@ if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
 ERROR_FEEDBACK, LR_PLACEMENT = (
-    Setting("error-feedback", str, "zero-buckets", "how FetchSGD takes what it applied out of the momentum and "
-            "error sketches: `zero-buckets` (zero every bucket Delta touches, the reference code) or `subtract` "
-            "(`S_e -= S(Delta)`, the paper's text and FLSim)", choices=fetchsgd.VARIANTS),
-    Setting("lr-placement", str, "error", "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the "
-            "paper's Algorithm 1) or `update` (`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a "
-            "constant rate, not under a schedule", choices=fetchsgd.LR_PLACEMENTS),
-)  # fmt: skip
+    Setting(
+        "error-feedback",
+        str,
+        "zero-buckets",
+        "how FetchSGD takes what it applied out of the momentum and "
+        "error sketches: `zero-buckets` (zero every bucket Delta touches, the reference code) or `subtract` "
+        "(`S_e -= S(Delta)`, the paper's text and FLSim)",
+        choices=fetchsgd.VARIANTS,
+    ),
+    Setting(
+        "lr-placement",
+        str,
+        "error",
+        "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the "
+        "paper's Algorithm 1) or `update` (`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a "
+        "constant rate, not under a schedule",
+        choices=fetchsgd.LR_PLACEMENTS,
+    ),
+)
 
 State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
 
@@ -44,10 +56,16 @@ State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
 def params(cfg: RunConfig, d: int) -> fetchsgd.FetchSGDParams:
     """The run's FetchSGD hyper-parameters; the sketch's hash seed is the run seed."""
     return fetchsgd.FetchSGDParams(
-        d=d, rows=cfg.sketch_rows, cols=cfg.sketch_cols, seed=cfg.seed, k=cfg.k, momentum=cfg.momentum,
-        error_feedback=ERROR_FEEDBACK.of(cfg), momentum_zeroing=cfg.momentum_zeroing,
+        d=d,
+        rows=cfg.sketch_rows,
+        cols=cfg.sketch_cols,
+        seed=cfg.seed,
+        k=cfg.k,
+        momentum=cfg.momentum,
+        error_feedback=ERROR_FEEDBACK.of(cfg),
+        momentum_zeroing=cfg.momentum_zeroing,
         lr_placement=LR_PLACEMENT.of(cfg),
-    )  # fmt: skip
+    )
 
 
 def round_config(cfg: RunConfig) -> dict[str, int]:
@@ -81,8 +99,9 @@ def init(cfg: RunConfig, d: int, device: torch.device) -> State_:
         return fetchsgd.init(params(cfg, d), device=device)
     logging.getLogger("flwr").info(
         "diagnose-sketch: the dense shadow keeps 2 x d float32 (%.1f MiB) on the server, and each round holds "
-        "every client's dense update; none of it is counted as upload", 8 * d / 2**20,
-    )  # fmt: skip
+        "every client's dense update; none of it is counted as upload",
+        8 * d / 2**20,
+    )
     return fidelity.init(params(cfg, d), device=device)
 
 
@@ -127,16 +146,31 @@ def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
     if not isinstance(state, fidelity.FidelityState):
         return state, {}
     state, rep = fidelity.report(state)
-    return state, {"sketch_recall": rep.recall, "sketch_rel_error": rep.rel_error,
-                   "sketch_state_drift": rep.state_drift, "sketch_topk_mass": rep.topk_mass,
-                   "sketch_rounds": rep.rounds}  # fmt: skip
+    return state, {
+        "sketch_recall": rep.recall,
+        "sketch_rel_error": rep.rel_error,
+        "sketch_state_drift": rep.state_drift,
+        "sketch_topk_mass": rep.topk_mass,
+        "sketch_rounds": rep.rounds,
+    }
 
 
 METHOD = Method(
-    name="fetchsgd", upload="Count Sketch of the gradient", client_state="none (server)",
+    name="fetchsgd",
+    upload="Count Sketch of the gradient",
+    client_state="none (server)",
     paper="Rothchild et al., ICML 2020",
-    encode=encode, layout=layout, init=init, step=step, settings=(ERROR_FEEDBACK, LR_PLACEMENT),
+    encode=encode,
+    layout=layout,
+    init=init,
+    step=step,
+    settings=(ERROR_FEEDBACK, LR_PLACEMENT),
     uses=("k", "sketch-rows", "sketch-cols", "momentum", "momentum-zeroing", "diagnose-sketch"),
-    sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k"}, linear=True,
-    round_config=round_config, norm=norm, sensitivity=sensitivity, report=report, diagnostic=diagnostic,
-)  # fmt: skip
+    sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k"},
+    linear=True,
+    round_config=round_config,
+    norm=norm,
+    sensitivity=sensitivity,
+    report=report,
+    diagnostic=diagnostic,
+)

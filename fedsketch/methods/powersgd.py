@@ -119,17 +119,29 @@ def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDStat
     if answered:
         q = weighted_mean([a.payload["q"] for a in answered], [examples[a.cid] for a in answered])
     else:
-        logging.getLogger("flwr").warning("round %d: no client answered PowerSGD's second exchange; "
-                                          "its matrices are not updated", rnd.server_round)  # fmt: skip
+        logging.getLogger("flwr").warning(
+            "round %d: no client answered PowerSGD's second exchange; its matrices are not updated", rnd.server_round
+        )
     g = powersgd.expand(p_hat, q if answered else torch.zeros_like(q), whole, p, rnd.d).to(rnd.device)
     velocity, delta = momentum_sgd.step(momentum_sgd.MomentumState(state.velocity), g, rnd.lr, cfg.momentum)
     return PowerSGDState(velocity.velocity, q), delta
 
 
 METHOD = Method(
-    name="powersgd", upload="rank-r factors P, then Q, of each weight matrix; vectors whole",
-    client_state="error, d floats", paper="Vogels et al., NeurIPS 2019",
-    encode=encode, layout=layout, init=init, step=step, settings=(RANK,), uses=("momentum",),
-    sweep={"powersgd-rank": "rank"}, state_vectors=lambda cfg: 1, answer=answer, requests=requests, norm=None,
+    name="powersgd",
+    upload="rank-r factors P, then Q, of each weight matrix; vectors whole",
+    client_state="error, d floats",
+    paper="Vogels et al., NeurIPS 2019",
+    encode=encode,
+    layout=layout,
+    init=init,
+    step=step,
+    settings=(RANK,),
+    uses=("momentum",),
+    sweep={"powersgd-rank": "rank"},
+    state_vectors=lambda cfg: 1,
+    answer=answer,
+    requests=requests,
+    norm=None,
     commit="answer",
-)  # fmt: skip
+)

@@ -37,9 +37,14 @@ def params(cfg: RunConfig, d: int, rc: dict[str, int] | None = None) -> sketched
     """The run's parameters; a client takes the sketch's seed and shape from the round's config ``rc``."""
     rc = rc if rc is not None else round_config(cfg)
     return sketched_sgd.SketchedSGDParams(
-        d=d, rows=rc["sketch-rows"], cols=rc["sketch-cols"], seed=rc["sketch-seed"], k=cfg.k,
-        candidate_factor=CANDIDATE_FACTOR.of(cfg), momentum=cfg.momentum,
-    )  # fmt: skip
+        d=d,
+        rows=rc["sketch-rows"],
+        cols=rc["sketch-cols"],
+        seed=rc["sketch-seed"],
+        k=cfg.k,
+        candidate_factor=CANDIDATE_FACTOR.of(cfg),
+        momentum=cfg.momentum,
+    )
 
 
 def encode(update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payload, State]:
@@ -123,10 +128,21 @@ def check(cfg: RunConfig, d: int) -> None:
 
 
 METHOD = Method(
-    name="sketched_sgd", upload="sketch, then exact values at candidates", client_state="momentum and error",
-    paper="Ivkin et al., NeurIPS 2019", encode=encode, layout=layout, init=init, step=step,
-    settings=(CANDIDATE_FACTOR,), uses=("k", "sketch-rows", "sketch-cols", "momentum"),
+    name="sketched_sgd",
+    upload="sketch, then exact values at candidates",
+    client_state="momentum and error",
+    paper="Ivkin et al., NeurIPS 2019",
+    encode=encode,
+    layout=layout,
+    init=init,
+    step=step,
+    settings=(CANDIDATE_FACTOR,),
+    uses=("k", "sketch-rows", "sketch-cols", "momentum"),
     sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k", "candidate-factor": "cf"},
-    state_vectors=lambda cfg: 2 if cfg.momentum > 0 else 1, round_config=round_config, answer=answer,
-    requests=requests, norm=None, check=check,
-)  # fmt: skip
+    state_vectors=lambda cfg: 2 if cfg.momentum > 0 else 1,
+    round_config=round_config,
+    answer=answer,
+    requests=requests,
+    norm=None,
+    check=check,
+)
