@@ -21,7 +21,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import matplotlib
@@ -80,11 +80,21 @@ def collect(root: Path) -> list[Cell]:
             except FileNotFoundError:
                 print(f"note: {folder.name} has no metrics yet; left out", file=sys.stderr)
                 continue
+            groups = _finished(groups)
             variant = match["variant"] or ""
             cells.append(Cell(match["model"], int(match["times"]), compare(groups, NAMES), groups, variant))
     if not cells:
         raise FileNotFoundError(f"no participation-<model>-p<times> experiment under {root}")
     return sorted(cells, key=lambda c: (c.model, c.variant, c.times))
+
+
+def _finished(groups: tuple[RunGroup, ...]) -> tuple[RunGroup, ...]:
+    """Each group's seeds that reached its last round: a seed still running beside finished ones is left out."""
+    out = []
+    for g in groups:
+        last = max(rows[-1]["round"] for rows in g.seeds)
+        out.append(replace(g, seeds=tuple(rows for rows in g.seeds if rows[-1]["round"] == last)))
+    return tuple(out)
 
 
 def _spread(s: Spread, fmt: str = ".4f") -> str:

@@ -53,3 +53,9 @@ def test_a_cell_without_metrics_yet_is_left_out(runs: Path, capsys: pytest.Captu
     (runs / "participation-text-p5" / "fetchsgd").mkdir(parents=True)
     assert [(c.model, c.times) for c in participation.collect(runs)] == [("text", 1), ("text", 25)]
     assert "participation-text-p5 has no metrics yet" in capsys.readouterr().err
+
+
+def test_a_seed_still_running_is_left_out(runs: Path) -> None:
+    write_seed(runs / "participation-text-p1" / "fetchsgd" / "seed2", "fetchsgd", 2, [(50, 50, 0.1)])  # round 5 of 15
+    fetch = participation.collect(runs)[0].comparison.entries[0]
+    assert fetch.name == "FetchSGD" and fetch.seeds == 2
