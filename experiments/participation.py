@@ -152,6 +152,10 @@ def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{c.row}, each client ~{c.times}x", fontsize="small")
         ax.grid(True, alpha=0.3)
+    used = {(models.index(c.row), times.index(c.times)) for c in cells}
+    for i, row in enumerate(axes):
+        for j, ax in enumerate(row):
+            ax.set_visible((i, j) in used)  # a row with fewer cells (a variant) leaves its other panels empty
     for ax in axes[-1]:
         ax.set_xlabel("upload + download bytes")
     for row in axes:
