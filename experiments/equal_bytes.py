@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from experiments.results import Row, RunGroup, Spread, bytes_to_target, format_bytes
+from experiments.results import DEFAULT_TARGET_FRACTION, Row, RunGroup, Spread, format_bytes, reach, summarize
 
-TARGET_SHARE = 0.9
 FOCUS = "fetchsgd"
 """The method a sentence places against the leader when it does not lead itself."""
 
@@ -92,11 +91,6 @@ def accuracy_at(rows: Sequence[Row], budget: float) -> float:
     return float(within[-1]["test_accuracy"]) if within else 0.0
 
 
-def run_total(rows: Sequence[Row]) -> float:
-    """A seed's whole-run upload + download bytes."""
-    return float(rows[-1]["cum_upload_bytes"] + rows[-1]["cum_download_bytes"])
-
-
 def compare(groups: Sequence[RunGroup], names: Mapping[str, str] | None = None) -> Comparison:
     """Measure every group at one budget and target; ``names`` gives display names by group label.
 
@@ -107,21 +101,22 @@ def compare(groups: Sequence[RunGroup], names: Mapping[str, str] | None = None) 
     """
     if not groups:
         raise ValueError("nothing to compare: no run groups")
-    budget = min(run_total(rows) for g in groups for rows in g.seeds)
-    finals = {g.label: Spread.of([float(rows[-1]["test_accuracy"]) for rows in g.seeds]) for g in groups}
-    target = TARGET_SHARE * max(s.mean for s in finals.values())
-    entries = []
-    for g in groups:
-        hits = [bytes_to_target(rows, target) for rows in g.seeds]
-        entries.append(
+    summaries = [summarize(g) for g in groups]
+    budget = min(s.total.low for s in summaries)
+    target = DEFAULT_TARGET_FRACTION * max(s.accuracy.mean for s in summaries)
+    return Comparison(
+        budget,
+        target,
+        tuple(
             Entry(
-                name=(names or {}).get(g.label, g.label),
-                strategy=g.strategy,
-                seeds=len(g.seeds),
-                final=finals[g.label],
-                total=Spread.of([run_total(rows) for rows in g.seeds]),
-                at_budget=Spread.of([accuracy_at(rows, budget) for rows in g.seeds]),
-                to_target=Spread.of([float(h[1]) for h in hits if h]) if all(hits) else None,
+                name=(names or {}).get(s.group.label, s.group.label),
+                strategy=s.group.strategy,
+                seeds=len(s.group.seeds),
+                final=s.accuracy,
+                total=s.total,
+                at_budget=Spread.of([accuracy_at(rows, budget) for rows in s.group.seeds]),
+                to_target=reach(s, target).total,
             )
-        )
-    return Comparison(budget, target, tuple(entries))
+            for s in summaries
+        ),
+    )

@@ -23,30 +23,19 @@ from pathlib import Path
 
 from experiments.equal_bytes import compare
 from experiments.results import (
+    DEFAULT_TARGET_FRACTION,
+    Reach,
     Spread,
     Summary,
-    bytes_to_target,
     collect_groups,
     format_bytes,
     pareto_front,
+    reach,
     summarize,
 )
 
 REFERENCE = "fedavg"
 """The uncompressed method that total compression is measured against."""
-DEFAULT_TARGET_FRACTION = 0.9
-"""Without ``--target``: this fraction of the best final (mean) accuracy in the experiment."""
-
-
-@dataclass(frozen=True)
-class Reach:
-    """Bytes a run group spent until it first reached one target accuracy."""
-
-    target: float
-    seeds_reached: int
-    upload: Spread | None
-    """``None`` unless every seed reached the target."""
-    total: Spread | None
 
 
 @dataclass(frozen=True)
@@ -73,15 +62,6 @@ class Report:
     """Labels of the Pareto front (final accuracy vs total upload bytes), by increasing bytes."""
     verdict: str
     """Who leads at equal total bytes, in one sentence (:meth:`experiments.equal_bytes.Comparison.sentence`)."""
-
-
-def reach(summary: Summary, target: float) -> Reach:
-    """Bytes to ``target`` of each seed, as a spread when every seed reached it."""
-    hits = [bytes_to_target(rows, target) for rows in summary.group.seeds]
-    got = [h for h in hits if h is not None]
-    if len(got) < len(hits):
-        return Reach(target, len(got), None, None)
-    return Reach(target, len(got), Spread.of([h[0] for h in got]), Spread.of([h[1] for h in got]))
 
 
 def build_report(experiment_dir: Path, targets: Sequence[float] = ()) -> Report:

@@ -144,6 +144,30 @@ def bytes_to_target(rows: Sequence[Row], target: float) -> tuple[int, int] | Non
     return None
 
 
+DEFAULT_TARGET_FRACTION = 0.9
+"""Without a target given: this fraction of the best final (mean) accuracy among the runs compared."""
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Bytes a run group spent until it first reached one target accuracy."""
+
+    target: float
+    seeds_reached: int
+    upload: Spread | None
+    """``None`` unless every seed reached the target."""
+    total: Spread | None
+
+
+def reach(summary: Summary, target: float) -> Reach:
+    """Bytes to ``target`` of each seed, as a spread when every seed reached it."""
+    hits = [bytes_to_target(rows, target) for rows in summary.group.seeds]
+    got = [h for h in hits if h is not None]
+    if len(got) < len(hits):
+        return Reach(target, len(got), None, None)
+    return Reach(target, len(got), Spread.of([h[0] for h in got]), Spread.of([h[1] for h in got]))
+
+
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of the ``(bytes, accuracy)`` points that no other point dominates, by increasing bytes.
 

@@ -25,8 +25,8 @@ from experiments import runner
 from experiments.cli import main as fedsketch_main
 from experiments.inprocess import InProcessGrid, task_identity
 from experiments.plots import PARETO, plot_experiment
-from experiments.report import reach, write_report
-from experiments.results import RunGroup, bytes_to_target, pareto_front, summarize
+from experiments.report import write_report
+from experiments.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
 from fedsketch import runlog
 from fedsketch.config import ConfigError, RunConfig
 from strategies.server_app import build_strategy
