@@ -31,6 +31,7 @@ to rounding (tests/test_batched_local.py).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,13 +86,9 @@ def per_client_gradients(
     ValueError
         If ``max_clients`` is not positive or a batch is empty.
     """
-    if max_clients <= 0:
-        raise ValueError(f"max_clients must be > 0; got {max_clients}")
+    _check(max_clients, [len(b.x) for b in batches], "batch {} is empty")
     params = _unflatten(model, weights)
     results: list[tuple[torch.Tensor, float] | None] = [None] * len(batches)
-    for i, b in enumerate(batches):
-        if len(b.x) == 0:
-            raise ValueError(f"batch {i} is empty")
     shapes = [(tuple(b.x.shape), tuple(b.y.shape)) for b in batches]
     for group in _groups(shapes, max_clients):
         xs = torch.stack([batches[i].x for i in group])
@@ -119,13 +116,9 @@ def per_client_local_training(
     ValueError
         If ``max_clients`` is not positive or a client has no samples.
     """
-    if max_clients <= 0:
-        raise ValueError(f"max_clients must be > 0; got {max_clients}")
+    _check(max_clients, [len(c.x) for c in clients], "client {} has no training examples")
     start = _unflatten(model, weights)
     results: list[tuple[torch.Tensor, float] | None] = [None] * len(clients)
-    for i, c in enumerate(clients):
-        if len(c.x) == 0:
-            raise ValueError(f"client {i} has no training examples")
     shapes = [((min(len(c.x), spec.batch_size), *c.x.shape[1:]), tuple(c.y.shape[1:])) for c in clients]
     for group in _groups(shapes, max_clients):
         ends, losses = _train_stacked(model, start, [clients[i] for i in group], spec)
@@ -140,13 +133,8 @@ def _train_stacked(
     model: nn.Module, start: dict[str, torch.Tensor], group: list[LocalClient], spec: LocalSpec
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``(len(group), d)`` flat end weights and each step's ``len(group)`` losses."""
-    buffers = dict(model.named_buffers())
     device = next(iter(start.values())).device
-
-    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
-
-    step = vmap(grad_and_value(loss))
+    step = vmap(grad_and_value(_client_loss(model)))
     params = {name: p.expand(len(group), *p.shape) for name, p in start.items()}  # one start, not copied
     losses = []
     for _ in range(spec.steps):
@@ -164,6 +152,15 @@ def _sgd(p: torch.Tensor, grad: torch.Tensor, spec: LocalSpec) -> torch.Tensor:
     if spec.weight_decay:
         return torch.add(p, grad + spec.weight_decay * p, alpha=-spec.lr)
     return torch.add(p, grad, alpha=-spec.lr)
+
+
+def _check(max_clients: int, sizes: list[int], empty: str) -> None:
+    """A positive ``max_clients`` and no client without samples (``empty`` names the first, by index)."""
+    if max_clients <= 0:
+        raise ValueError(f"max_clients must be > 0; got {max_clients}")
+    for i, size in enumerate(sizes):
+        if size == 0:
+            raise ValueError(empty.format(i))
 
 
 def _groups(shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], max_clients: int) -> list[list[int]]:
@@ -190,11 +187,16 @@ def _vectorized(
     model: nn.Module, params: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(len(xs), d)`` flat gradients and ``len(xs)`` losses, one row a client."""
+    grads, losses = vmap(grad_and_value(_client_loss(model)), in_dims=(None, 0, 0))(params, xs, ys)
+    flat = torch.cat([grads[name].reshape(len(xs), -1).float() for name in params], dim=1)
+    return flat, losses.detach()
+
+
+def _client_loss(model: nn.Module) -> Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]:
+    """One client's mean cross-entropy as a function of named parameters (``model``'s buffers as they are)."""
     buffers = dict(model.named_buffers())
 
     def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
 
-    grads, losses = vmap(grad_and_value(loss), in_dims=(None, 0, 0))(params, xs, ys)
-    flat = torch.cat([grads[name].reshape(len(xs), -1).float() for name in params], dim=1)
-    return flat, losses.detach()
+    return loss
