@@ -32,7 +32,7 @@ from matplotlib.ticker import NullFormatter
 
 from experiments.equal_bytes import Comparison, compare
 from experiments.plots import BytesFormatter, BytesLocator, curve
-from experiments.results import RunGroup, Spread, collect_groups, format_bytes
+from experiments.results import RunGroup, Spread, collect_groups, format_bytes, format_spread
 
 CELL = re.compile(r"participation-(?P<model>[a-z0-9_]+)-p(?P<times>\d+)(?:-(?P<variant>[a-z0-9]+))?")
 VARIANTS = {"init": "downloads from the initial model"}
@@ -97,10 +97,8 @@ def _finished(groups: tuple[RunGroup, ...]) -> tuple[RunGroup, ...]:
     return tuple(out)
 
 
-def _spread(s: Spread, fmt: str = ".4f") -> str:
-    if s.low == s.high:
-        return format(s.mean, fmt)
-    return f"{s.mean:{fmt}} ({s.low:{fmt}}-{s.high:{fmt}})"
+def _accuracy(s: Spread) -> str:
+    return format_spread(s, "{:.4f}".format)
 
 
 def table(cells: Sequence[Cell]) -> str:
@@ -113,8 +111,8 @@ def table(cells: Sequence[Cell]) -> str:
         for e in c.comparison.entries:
             reach = format_bytes(e.to_target.mean) if e.to_target else "not reached"
             lines.append(
-                f"| {c.row} | ~{c.times}x | {e.name} | {e.seeds} | {_spread(e.final)} | {format_bytes(e.total.mean)} "
-                f"| {_spread(e.at_budget)} | {reach} |"
+                f"| {c.row} | ~{c.times}x | {e.name} | {e.seeds} | {_accuracy(e.final)} | {format_bytes(e.total.mean)} "
+                f"| {_accuracy(e.at_budget)} | {reach} |"
             )
     lines += [
         "",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from experiments.results import (
     Summary,
     collect_groups,
     format_bytes,
+    format_spread,
     pareto_front,
     reach,
     summarize,
@@ -193,21 +194,15 @@ def _markdown_cells(row: ReportRow) -> list[str]:
     cells = [
         s.group.label + (" (stopped early)" if s.group.stopped else "") + (" *" if row.on_front else ""),
         str(len(s.group.seeds)),
-        _spread(s.rounds, "{:.0f}".format),
-        _spread(s.accuracy, "{:.4f}".format),
-        _spread(s.upload, format_bytes),
-        _spread(s.download, format_bytes),
-        _spread(s.upload_compression, "{:.1f}x".format),
+        format_spread(s.rounds, "{:.0f}".format),
+        format_spread(s.accuracy, "{:.4f}".format),
+        format_spread(s.upload, format_bytes),
+        format_spread(s.download, format_bytes),
+        format_spread(s.upload_compression, "{:.1f}x".format),
         "" if row.total_compression is None else f"{row.total_compression:.1f}x",
     ]
     for r in row.reaches:
         missed = f"not reached ({r.seeds_reached}/{len(s.group.seeds)} seeds)"
-        cells += [_spread(r.upload, format_bytes) if r.upload else missed]
-        cells += [_spread(r.total, format_bytes) if r.total else missed]
+        cells += [format_spread(r.upload, format_bytes) if r.upload else missed]
+        cells += [format_spread(r.total, format_bytes) if r.total else missed]
     return cells
-
-
-def _spread(spread: Spread, fmt: Callable[[float], str]) -> str:
-    if spread.low == spread.high:
-        return fmt(spread.mean)
-    return f"{fmt(spread.mean)} ({fmt(spread.low)}-{fmt(spread.high)})"

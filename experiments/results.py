@@ -16,7 +16,7 @@ accuracy and upload (:func:`pareto_front`).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,13 @@ def format_bytes(n: float, digits: int = 3) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}g} {unit}"
     return f"{n:.0f} B"
+
+
+def format_spread(spread: Spread, fmt: Callable[[float], str]) -> str:
+    """``mean (low-high)``, each through ``fmt``; the mean alone when the seeds agree."""
+    if spread.low == spread.high:
+        return fmt(spread.mean)
+    return f"{fmt(spread.mean)} ({fmt(spread.low)}-{fmt(spread.high)})"
 
 
 _ERROR = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b: (.+)$")
