@@ -106,8 +106,8 @@ FAULTS: tuple[Fault, ...] = (
     _fault(
         "e-exchange-upload",
         "strategies/strategy.py",
-        "self.count_replies(got)\n            self.answered",
-        "self.count_failures(got)\n            self.answered",
+        "self.count_replies(got)\n        return got.updates",
+        "self.count_failures(got)\n        return got.updates",
         ROUND,
         "the second exchange's upload is not counted",
     ),

@@ -36,8 +36,8 @@ from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.evaluate import evaluate
 from fedsketch.flat import get_flat, set_flat
-from fedsketch.methods import ClientUpdate, Payload, Round, get_method
-from fedsketch.methods.method import Layout
+from fedsketch.methods import ClientUpdate, Round, get_method
+from fedsketch.methods.method import Layout, Query, server_step
 from fedsketch.privacy import privacy_metrics
 from strategies import billing, guard, plan, resume, secure
 from strategies.limits import ReplyLimits, spec_bytes
@@ -85,7 +85,6 @@ class FedSketchStrategy(Strategy):
         self.noise = guard.noise_generator()
         self.plan: plan.RoundPlan | None = None  # the current round's, while it runs
         self.stateful = self.method.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
-        self.answered: list[int] = []  # clients whose second-exchange answers this round's step used
         self.requested: dict[str, int] = {}  # this round's requests: message id -> node (replies.exchange)
 
     # ---------------------------------------------------------- Flower API
@@ -134,7 +133,6 @@ class FedSketchStrategy(Strategy):
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        self.answered = []
         stateful = self.method.state_vectors(self.cfg) > 0
         sent = plan.assign(self.cfg, server_round, grid, self.books, stateful)
         base = {**dict(config), **self.method.round_config(self.cfg), "server-round": server_round}
@@ -248,8 +246,8 @@ class FedSketchStrategy(Strategy):
             if screened
             else guard.screen(self.cfg, self.method, self.books, self.noise, self.d, got.updates)
         )
-        rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device, self._exchange())
-        state, delta = self.method.step(self.state, rnd, self.cfg)
+        rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device)
+        state, delta, rnd = server_step(self.method, self.state, rnd, self.cfg, self._ask)
         if not guard.all_finite(delta) or not guard.all_finite(state):
             why = "the update is not finite (huge client values?); state rolled back"
             return self.skip(server_round, got, why, contributors)
@@ -257,7 +255,7 @@ class FedSketchStrategy(Strategy):
         self.state = state
         self.set_weights(self.weights - delta)
         if self.stateful:  # these clients' pending states now count: tell them in their next request
-            used = self.answered if self.method.commit == "answer" else [u.cid for u in updates]
+            used = [a.cid for a in rnd.answers] if self.method.commit == "answer" else [u.cid for u in updates]
             self.books.applied.update(dict.fromkeys(used, server_round))
         if self.cfg.download == "sparse":
             download.record_update(self.books.ledger, server_round, before, self.weights)
@@ -368,18 +366,13 @@ class FedSketchStrategy(Strategy):
             raise RuntimeError(f"round {server_round} was not configured by this strategy (configure_train first)")
         return self.plan
 
-    def _exchange(self) -> Callable[[list[ClientUpdate], Payload, Layout], list[ClientUpdate]]:
-        """A second request within the round to the clients of ``updates`` (Sketched-SGD), billed both ways."""
-
-        def ask(updates: list[ClientUpdate], query: Payload, layout: Layout) -> list[ClientUpdate]:
-            p = self.plan
-            if p is None:
-                raise RuntimeError("a second exchange needs a round in progress")
-            sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query)
-            replies, requested = exchange(p.grid, requests, self.cfg.round_timeout)
-            got = collect(replies, sent, layout, self.reply_limits(layout, {}), requested=requested)
-            self.count_replies(got)
-            self.answered = [u.cid for u in got.updates]
-            return got.updates
-
-        return ask
+    def _ask(self, updates: list[ClientUpdate], query: Query) -> list[ClientUpdate]:
+        """A second request within the round to the clients of ``updates`` (two-exchange methods), billed both ways."""
+        p = self.plan
+        if p is None:
+            raise RuntimeError("a second exchange needs a round in progress")
+        sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query.payload)
+        replies, requested = exchange(p.grid, requests, self.cfg.round_timeout)
+        got = collect(replies, sent, query.layout, self.reply_limits(query.layout, {}), requested=requested)
+        self.count_replies(got)
+        return got.updates

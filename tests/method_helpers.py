@@ -8,7 +8,7 @@ import torch
 
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, ClientUpdate, Payload, State, get_method
-from fedsketch.methods.method import Exchange, Layout, Round
+from fedsketch.methods.method import Ask, Query, Round, server_step
 
 
 def job(
@@ -23,12 +23,10 @@ def encode(cfg: RunConfig, update: torch.Tensor, **kwargs: object) -> tuple[Payl
     return get_method(cfg.strategy).encode(update, job(cfg, **kwargs), cfg)  # type: ignore[arg-type]
 
 
-def step(
-    strat: object, updates: list[ClientUpdate], server_round: int = 1, exchange: Exchange | None = None
-) -> torch.Tensor:
+def step(strat: object, updates: list[ClientUpdate], server_round: int = 1, ask: Ask | None = None) -> torch.Tensor:
     """One server step of a strategy's method on these updates; the strategy keeps the new state."""
-    rnd = Round(server_round, strat.lr_at(server_round), updates, strat.d, strat.weights.device, exchange)  # type: ignore[attr-defined]
-    strat.state, delta = strat.method.step(strat.state, rnd, strat.cfg)  # type: ignore[attr-defined]
+    rnd = Round(server_round, strat.lr_at(server_round), updates, strat.d, strat.weights.device)  # type: ignore[attr-defined]
+    strat.state, delta, _ = server_step(strat.method, strat.state, rnd, strat.cfg, ask)  # type: ignore[attr-defined]
     return delta
 
 
@@ -51,12 +49,12 @@ def second_exchange_upload(cfg: RunConfig, d: int, upload_bytes: Callable[[Paylo
         updates.append(ClientUpdate(cid, payload, 10, 0.0, 0))
     sizes: list[int] = []
 
-    def exchange(asked: list[ClientUpdate], query: Payload, layout: Layout) -> list[ClientUpdate]:
-        answers = [answer(kept[u.cid], query, cfg)[0] for u in asked]
+    def ask(asked: list[ClientUpdate], query: Query) -> list[ClientUpdate]:
+        answers = [answer(kept[u.cid], query.payload, cfg)[0] for u in asked]
         sizes.extend(upload_bytes(a) for a in answers)
         return [ClientUpdate(u.cid, a, u.num_examples, 0.0, 0) for u, a in zip(asked, answers)]
 
-    method.step(state, Round(1, 0.1, updates, d, torch.device("cpu"), exchange), cfg)
+    server_step(method, state, Round(1, 0.1, updates, d, torch.device("cpu")), cfg, ask)
     if len(set(sizes)) != 1:
         raise ValueError(f"{cfg.strategy}: second-exchange answers of different sizes {sizes}")
     return sizes[0]

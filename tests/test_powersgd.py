@@ -8,6 +8,7 @@ power iteration, computed directly in float64 on a small model's gradient.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -93,19 +94,17 @@ def test_one_client_round_applies_its_rank_r_update_and_keeps_what_was_not_sent(
     g = torch.randn(d, generator=torch.Generator().manual_seed(5))
     payload, kept = encode(cfg, g, cid=4, request=request)
     assert set(payload) == {"p", "whole"} and payload["p"].size == p.p_size and payload["whole"].size == p.whole_size
-    answers = {}
-
-    def exchange(asked: list[ClientUpdate], query: dict, layout: object) -> list[ClientUpdate]:  # type: ignore[type-arg]
-        out, answers["kept"] = method.answer(kept, query, cfg)  # type: ignore[misc]
-        answers["q"] = out["q"]
-        assert out["q"].size == p.q_size
-        return [ClientUpdate(4, out, 8, 0.0, 0)]
-
-    state, delta = method.step(state, Round(1, 1.0, [ClientUpdate(4, payload, 8, 0.0, 0)], d, g.device, exchange), cfg)
-    error = answers["kept"]["error"]
+    first = Round(1, 1.0, [ClientUpdate(4, payload, 8, 0.0, 0)], d, g.device)
+    assert method.ask is not None
+    query = method.ask(state, first, cfg)  # the server's half, without a round loop
+    assert query.cids == (4,) and query.layout == {"q": ((p.q_size,), np.dtype(np.float32))}
+    out, after = method.answer(kept, query.payload, cfg)  # type: ignore[misc]  # the client's half
+    answered = replace(first, query=query, answers=(ClientUpdate(4, out, 8, 0.0, 0),))
+    state, delta = method.step(state, answered, cfg)
+    error = after["error"]
     torch.testing.assert_close(delta + error, g, rtol=0, atol=1e-5)  # what was sent + what is kept = the update
     assert float(error.norm()) > 0.01 * float(g.norm())  # rank 2 does not carry everything
-    assert torch.equal(state.q, torch.from_numpy(answers["q"]))  # next round's warm start: this round's mean Q
+    assert torch.equal(state.q, torch.from_numpy(out["q"]))  # next round's warm start: this round's mean Q
 
 
 def test_error_feedback_conserves_mass_over_rounds() -> None:

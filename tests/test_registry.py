@@ -21,7 +21,7 @@ from experiments.sweep import SWEEP_KEYS
 from fedsketch.config import DECLARED, RunConfig, field_keys
 from fedsketch.flat import num_params
 from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
-from fedsketch.methods.method import Layout, Payload
+from fedsketch.methods.method import Layout, Payload, Query, server_step
 from fedsketch.task import load_data, make_model
 from fedsketch.validate import CHOICES
 
@@ -78,13 +78,13 @@ def test_every_method_runs_one_round_through_its_own_parts(name: str) -> None:
         decoded = _checked(method.layout(cfg, d, 1), payload)
         updates.append(ClientUpdate(cid, payload, 10 + cid, 0.5, 0, decoded=decoded))
 
-    def exchange(asked: list[ClientUpdate], query: Payload, layout: Layout) -> list[ClientUpdate]:
+    def ask(asked: list[ClientUpdate], query: Query) -> list[ClientUpdate]:
         assert method.answer is not None, f"{name} asked for a second exchange but has no answer"
-        answers = [(u, method.answer(kept[u.cid], query, cfg)[0]) for u in asked]
-        return [ClientUpdate(u.cid, a, u.num_examples, 0.0, 0, decoded=_checked(layout, a)) for u, a in answers]
+        answers = [(u, method.answer(kept[u.cid], query.payload, cfg)[0]) for u in asked]
+        return [ClientUpdate(u.cid, a, u.num_examples, 0.0, 0, decoded=_checked(query.layout, a)) for u, a in answers]
 
     state = method.init(cfg, d, torch.device("cpu"))
-    state, delta = method.step(state, Round(1, 0.1, updates, d, torch.device("cpu"), exchange), cfg)
+    state, delta, _ = server_step(method, state, Round(1, 0.1, updates, d, torch.device("cpu")), cfg, ask)
     assert delta.shape == (d,) and bool(torch.isfinite(delta).all()) and bool(delta.abs().sum() > 0)
 
 

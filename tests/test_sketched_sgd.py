@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from fedsketch import CountSketch
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.compress.sparse import encode_support
 from fedsketch.config import RunConfig
-from fedsketch.methods import ClientJob
+from fedsketch.methods import ClientJob, ClientUpdate, Round
 from fedsketch.methods.sketched_sgd import METHOD, answer
 
 D = 2_000
@@ -119,3 +122,32 @@ def test_rejects_bad_parameters() -> None:
         sketched_sgd.SketchedSGDParams(d=D, rows=5, cols=10, seed=0, k=1000, candidate_factor=3)
     with pytest.raises(ValueError, match="no Sketched-SGD state"):
         answer({}, encode_support(torch.tensor([1]), D), RunConfig.from_mapping({"strategy": "sketched_sgd"}))
+
+
+def test_the_methods_two_halves_run_without_a_round_loop() -> None:
+    """``ask`` names every client and the candidates; ``step`` applies the top-k of the answering clients'
+    example-weighted mean of ``v_i`` there, and leaves pending supports only for the clients that answered."""
+    cfg = RunConfig.from_mapping(
+        {"strategy": "sketched_sgd", "k": 10, "momentum": 0.0, "sketch-rows": 5, "sketch-cols": 20_000}
+    )
+    rc = METHOD.round_config(cfg)
+    kept, updates = {}, []
+    for cid, (g, n) in enumerate(zip(grads(3, 7), (10, 30, 20))):
+        payload, kept[cid] = METHOD.encode(g, ClientJob(cid, 1, rc), cfg)
+        updates.append(ClientUpdate(cid, payload, n, 0.0, 0))
+    rnd = Round(1, 0.5, updates, D, torch.device("cpu"))
+    state = METHOD.init(cfg, D, torch.device("cpu"))
+    assert METHOD.ask is not None
+    query = METHOD.ask(state, rnd, cfg)
+    cands = query.carry["candidates"]
+    assert query.cids == (0, 1, 2) and query.layout == {"val": ((cands.numel(),), np.dtype(np.float32))}
+    answers = tuple(ClientUpdate(c, answer(kept[c], query.payload, cfg)[0], 0, 0.0, 0) for c in (0, 2))  # 1 is lost
+    state, delta = METHOD.step(state, replace(rnd, query=query, answers=answers), cfg)
+    exact = (10 * kept[0]["error"][cands] + 20 * kept[2]["error"][cands]) / 30
+    top = torch.topk(exact.abs(), 10).indices
+    expected = torch.zeros(D)
+    expected[cands[top]] = 0.5 * exact[top]
+    torch.testing.assert_close(delta, expected, rtol=1e-6, atol=1e-7)
+    assert set(state.pending) == {0, 2} and torch.equal(state.pending[0].sort().values, cands[top].sort().values)
+    with pytest.raises(ValueError, match="needs its query"):
+        METHOD.step(state, rnd, cfg)

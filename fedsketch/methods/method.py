@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,20 +61,36 @@ class ClientJob:
     request: Payload = field(default_factory=dict)  # arrays the server sent to it alone
 
 
-Exchange = Callable[[list[ClientUpdate], Payload, Layout], list[ClientUpdate]]
-"""A second request to the round's accepted clients (the query, its layout); returns the accepted answers."""
+@dataclass(frozen=True)
+class Query:
+    """A two-exchange method's question to a round's clients, from :attr:`Method.ask`.
+
+    The round loop sends ``payload`` to the clients ``cids`` (each billed it), checks
+    their answers against ``layout`` and calls the method's ``step`` with them
+    (:attr:`Round.answers`); ``carry`` is what the step needs of the first half.
+    """
+
+    cids: tuple[int, ...]  # whom to ask: clients whose first uploads the round accepted
+    payload: Payload  # the same arrays to every one of them
+    layout: Layout  # what each answer must be
+    carry: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+
+Ask = Callable[[list["ClientUpdate"], Query], list["ClientUpdate"]]
+"""The round loop's second request: the asked clients' first updates and the query; returns the accepted answers."""
 
 
 @dataclass(frozen=True)
 class Round:
-    """What a server step sees of one round."""
+    """What a server step sees of one round: its inputs, and a two-exchange method's query and answers."""
 
     server_round: int
     lr: float  # this round's learning rate (after the schedule)
     updates: list[ClientUpdate]  # accepted, validated, clipped, sorted by client id
     d: int
     device: torch.device
-    exchange: Exchange | None = None  # only while the round's clients can still be asked
+    query: Query | None = None  # what :attr:`Method.ask` asked this round (two-exchange methods)
+    answers: tuple[ClientUpdate, ...] = ()  # the accepted answers to ``query``
 
 
 ServerState = Any  # each method's own frozen dataclass of tensors
@@ -144,7 +160,11 @@ class Method:
         that checks it.
     init, step
         Server: ``init(cfg, d, device) -> state`` and ``step(state, round, cfg) -> (state, Delta)``;
-        the model then moves by ``w -= Delta``.
+        the model then moves by ``w -= Delta``. Both are pure: no messages, no files.
+    ask
+        Server, two-exchange methods only: ``ask(state, round, cfg) -> Query``, what to ask the
+        round's clients before ``step``, which then reads the answers in ``round.answers``
+        (:func:`server_step` runs the two halves).
     settings
         Settings only this method reads, declared in its module.
     uses
@@ -190,6 +210,7 @@ class Method:
     layout: Callable[[RunConfig, int, int], Layout]
     init: Callable[[RunConfig, int, torch.device], ServerState]
     step: Callable[[ServerState, Round, RunConfig], tuple[ServerState, torch.Tensor]]
+    ask: Callable[[ServerState, Round, RunConfig], Query] | None = None
     settings: tuple[Setting[Any], ...] = ()
     uses: tuple[str, ...] = ()
     sweep: Mapping[str, str] = field(default_factory=dict)
@@ -208,3 +229,26 @@ class Method:
     def reads(self, key: str) -> bool:
         """Whether a run of this method reads setting ``key`` (shared or its own)."""
         return key in self.uses or any(s.key == key for s in self.settings)
+
+
+def server_step(
+    method: Method, state: ServerState, rnd: Round, cfg: RunConfig, ask: Ask | None = None
+) -> tuple[ServerState, torch.Tensor, Round]:
+    """One round's server transition: for a two-exchange method, its query, the answers ``ask`` returns
+    and its finishing step; for any other, its step. Returns the new state, ``Delta`` and the round as
+    the step saw it (with the answers).
+
+    Raises
+    ------
+    ValueError
+        If the method asks a second question and no ``ask`` was given.
+    """
+    if method.ask is not None:
+        if ask is None:
+            raise ValueError(f"{method.name}'s step needs the round's second exchange")
+        query = method.ask(state, rnd, cfg)
+        wanted = set(query.cids)
+        answers = ask([u for u in rnd.updates if u.cid in wanted], query)
+        rnd = replace(rnd, query=query, answers=tuple(a for a in answers if a.cid in wanted))
+    state, delta = method.step(state, rnd, cfg)
+    return state, delta, rnd

@@ -33,7 +33,7 @@ import torch
 from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd, powersgd
 from fedsketch.compress import derive_seed
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Round, State
+from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Query, Round, State
 from fedsketch.setting import Setting
 from fedsketch.task import load_data, make_model
 
@@ -104,17 +104,29 @@ def requests(state: PowerSGDState, cids: list[int], cfg: RunConfig, d: int) -> d
     return {cid: {"q": q_hat} for cid in cids}
 
 
-def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDState, torch.Tensor]:
-    """Average and orthogonalize the P's, ask for the Q's, and apply ``P_hat Q^T`` with momentum SGD."""
-    if rnd.exchange is None:
-        raise ValueError("PowerSGD's step needs the round's second exchange")
-    p = plan(cfg)
-    examples = {u.cid: u.num_examples for u in rnd.updates}
-    mean_p = weighted_mean([u.payload["p"] for u in rnd.updates], list(examples.values()))
-    whole = weighted_mean([u.payload["whole"] for u in rnd.updates], list(examples.values()))
-    p_hat = powersgd.orthogonalize_all(mean_p, p, "p")
+def ask(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> Query:
+    """Exchange 2's question: the orthogonalized weighted mean of the P's, ``P_hat``, to every client."""
+    p, weights = plan(cfg), [u.num_examples for u in rnd.updates]
+    p_hat = powersgd.orthogonalize_all(weighted_mean([u.payload["p"] for u in rnd.updates], weights), p, "p")
+    whole = weighted_mean([u.payload["whole"] for u in rnd.updates], weights)
     spec: PayloadSpec = {"q": ((p.q_size,), np.dtype(np.float32))}
-    answered = [a for a in rnd.exchange(rnd.updates, {"p": p_hat.numpy()}, spec) if a.cid in examples]
+    carry = {"p_hat": p_hat, "whole": whole}
+    return Query(tuple(u.cid for u in rnd.updates), {"p": p_hat.numpy()}, spec, carry)
+
+
+def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDState, torch.Tensor]:
+    """Apply ``P_hat Q^T`` (Q: the answers' weighted mean) and the whole tensors with momentum SGD.
+
+    Raises
+    ------
+    ValueError
+        If the round carries no query (:func:`~fedsketch.methods.method.server_step` asks it).
+    """
+    if rnd.query is None:
+        raise ValueError("PowerSGD's step needs its query and the answers (Method.ask)")
+    p, carry = plan(cfg), rnd.query.carry
+    examples = {u.cid: u.num_examples for u in rnd.updates}
+    answered = [a for a in rnd.answers if a.cid in examples]
     q = state.q
     if answered:
         q = weighted_mean([a.payload["q"] for a in answered], [examples[a.cid] for a in answered])
@@ -122,8 +134,10 @@ def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDStat
         logging.getLogger("flwr").warning(
             "round %d: no client answered PowerSGD's second exchange; its matrices are not updated", rnd.server_round
         )
-    g = powersgd.expand(p_hat, q if answered else torch.zeros_like(q), whole, p, rnd.d).to(rnd.device)
-    velocity, delta = momentum_sgd.step(momentum_sgd.MomentumState(state.velocity), g, rnd.lr, cfg.momentum)
+    g = powersgd.expand(carry["p_hat"], q if answered else torch.zeros_like(q), carry["whole"], p, rnd.d)
+    velocity, delta = momentum_sgd.step(
+        momentum_sgd.MomentumState(state.velocity), g.to(rnd.device), rnd.lr, cfg.momentum
+    )
     return PowerSGDState(velocity.velocity, q), delta
 
 
@@ -136,6 +150,7 @@ METHOD = Method(
     layout=layout,
     init=init,
     step=step,
+    ask=ask,
     settings=(RANK,),
     uses=("momentum",),
     sweep={"powersgd-rank": "rank"},

@@ -22,7 +22,7 @@ from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.methods.fetchsgd import layout, round_config
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Round, State
+from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Query, Round, State
 from fedsketch.setting import ConfigError, Setting
 
 if TYPE_CHECKING:
@@ -90,16 +90,28 @@ def requests(state: sketched_sgd.ServerState, cids: list[int], cfg: RunConfig, d
     return {cid: encode_support(state.pending[cid].cpu(), d) for cid in cids if cid in state.pending}
 
 
-def step(state: sketched_sgd.ServerState, rnd: Round, cfg: RunConfig) -> tuple[sketched_sgd.ServerState, torch.Tensor]:
-    """Merge the tables, query the candidates' exact values, apply the top-k of their weighted mean."""
-    if rnd.exchange is None:
-        raise ValueError("Sketched-SGD's step needs the round's second exchange")
+def ask(state: sketched_sgd.ServerState, rnd: Round, cfg: RunConfig) -> Query:
+    """Phase 2's question: merge the tables and ask every client for ``v_i`` at the ``P k`` candidates."""
     p = params(cfg, rnd.d)
-    examples = {u.cid: u.num_examples for u in rnd.updates}
-    merged = weighted_mean([u.payload["table"] for u in rnd.updates], list(examples.values()))
+    merged = weighted_mean([u.payload["table"] for u in rnd.updates], [u.num_examples for u in rnd.updates])
     cands = sketched_sgd.candidates(merged, p)
     spec: PayloadSpec = {"val": ((cands.numel(),), np.dtype(np.float32))}
-    answered = [a for a in rnd.exchange(rnd.updates, encode_support(cands, rnd.d), spec) if a.cid in examples]
+    return Query(tuple(u.cid for u in rnd.updates), encode_support(cands, rnd.d), spec, {"candidates": cands})
+
+
+def step(state: sketched_sgd.ServerState, rnd: Round, cfg: RunConfig) -> tuple[sketched_sgd.ServerState, torch.Tensor]:
+    """Apply the top-k of the answers' weighted mean at the candidates (none answered: the model stays).
+
+    Raises
+    ------
+    ValueError
+        If the round carries no query (:func:`~fedsketch.methods.method.server_step` asks it).
+    """
+    if rnd.query is None:
+        raise ValueError("Sketched-SGD's step needs its query and the answers (Method.ask)")
+    p, cands = params(cfg, rnd.d), rnd.query.carry["candidates"]
+    examples = {u.cid: u.num_examples for u in rnd.updates}
+    answered = [a for a in rnd.answers if a.cid in examples]
     exact = torch.zeros(cands.numel())
     if answered:
         exact = weighted_mean([a.payload["val"] for a in answered], [examples[a.cid] for a in answered], exact)
@@ -136,6 +148,7 @@ METHOD = Method(
     layout=layout,
     init=init,
     step=step,
+    ask=ask,
     settings=(CANDIDATE_FACTOR,),
     uses=("k", "sketch-rows", "sketch-cols", "momentum"),
     sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k", "candidate-factor": "cf"},
