@@ -277,10 +277,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "true-topk-signed",
-        "fedsketch/compress/server.py",
+        "fedsketch/algorithms/topk_sgd.py",
         "support = torch.topk(error.abs(), params.k, sorted=False).indices",
         "support = torch.topk(error, params.k, sorted=False).indices",
-        "tests/test_compress_server.py::test_true_topk_conserves_mass",
+        "tests/test_topk_sgd.py::test_true_topk_conserves_mass",
         "true top-k ranks by signed value, not magnitude (mass still conserved)",
     ),
     # ---- client state, downloads, PowerSGD, the one weighted mean

@@ -7,7 +7,7 @@ import torch
 
 from fedsketch import CountSketch
 from fedsketch.algorithms import fetchsgd, momentum_sgd
-from fedsketch.compress import server
+from fedsketch.algorithms import topk_sgd as server
 
 
 def _sketch_table(vec: torch.Tensor, params: fetchsgd.FetchSGDParams) -> torch.Tensor:

@@ -149,7 +149,7 @@ def step(
 def compare(update: fetchsgd.FetchSGDUpdate, error: torch.Tensor, k: int) -> tuple[float, float]:
     """Recall of the true top-k support and the relative L2 error of ``update`` against ``top-k(error)``.
 
-    The true top-k is by magnitude, as :func:`fedsketch.compress.server.step`
+    The true top-k is by magnitude, as :func:`fedsketch.algorithms.topk_sgd.step`
     takes it, and holds only nonzero coordinates: where ``error`` has fewer
     than ``k`` (sparse gradients, early rounds) recall is over those it has,
     not over zeros a tie-break happens to pick. Recall and the relative error

@@ -1,4 +1,4 @@
-"""Upload compressors for the FetchSGD baselines, and their server steps.
+"""Upload compressors for the FetchSGD baselines (their server steps: :mod:`fedsketch.algorithms.topk_sgd`).
 
 Everything works on flat 1-D float32 tensors of length ``d`` (a model's
 flattened update, see :mod:`fedsketch.flat`). A compressor turns one into a
@@ -12,7 +12,6 @@ as is, and back. Modules, one per method and each citing its paper:
 - :mod:`~fedsketch.compress.sparse` and :mod:`~fedsketch.compress.bits`: how
   positions and few-bit levels are laid out in bytes;
 - :mod:`~fedsketch.compress.error_feedback`: error feedback, written once;
-- :mod:`~fedsketch.compress.server`: true top-k and local top-k server steps;
 - :mod:`~fedsketch.compress.registry`: every compressor by name.
 
 Nothing here imports Flower.

@@ -1,8 +1,10 @@
-"""Every upload compressor by name, bound to a vector length and its options.
+"""Every upload compressor, bound to a vector length and its options.
 
-``get_compressor(name, d, **options)`` checks the options once, when the run
-starts, and returns an object with ``compress(vec, seed=...)`` and
-``decompress(payload, seed=...)``. The functions underneath are the modules'
+``NAME_compressor(d, **options)`` (``topk_compressor(d, k=...)``, ...) checks the
+options once, when the run starts, and returns an object with ``compress(vec,
+seed=...)`` and ``decompress(payload, seed=...)``; each method calls its own
+(:mod:`fedsketch.methods.compressed`). ``get_compressor(name, d, **options)`` finds
+one by name, for tools and tests. The functions underneath are the modules'
 pure ``compress`` / ``decompress``; a :class:`Compressor` only binds ``d`` and the options.
 
 ``seed`` is per client and round (see :func:`fedsketch.compress.derive_seed`).
@@ -50,20 +52,20 @@ class Compressor:
         return self.decode(payload, seed)
 
 
-def _none(d: int) -> Compressor:
+def none_compressor(d: int) -> Compressor:
     """``"none"``: the dense float32 vector (:mod:`fedsketch.compress.identity`)."""
     c.check_d(d)
     return Compressor("none", d, True, lambda v, _: identity.compress(v), lambda p, _: identity.decompress(p, d))
 
 
-def _topk(d: int, k: int, varint: bool = False) -> Compressor:
+def topk_compressor(d: int, k: int, varint: bool = False) -> Compressor:
     """``"topk"``: exact top-k (:mod:`fedsketch.compress.topk`)."""
     c.check_int("k", k, 1, c.check_d(d))
     encode: Encode = lambda v, _: topk.compress(v, k=k, varint=varint)
     return Compressor("topk", d, False, encode, lambda p, _: topk.decompress(p, d))
 
 
-def _random_k(d: int, k: int, rescale: bool = False) -> Compressor:
+def random_k_compressor(d: int, k: int, rescale: bool = False) -> Compressor:
     """``"random_k"``: k shared-seed coordinates, values only; the seed decodes them too (:mod:`~.random_k`)."""
     c.check_int("k", k, 1, c.check_d(d))
     encode: Encode = lambda v, s: random_k.compress(v, k=k, seed=c.check_seed(s, "random_k"), rescale=rescale)
@@ -72,7 +74,7 @@ def _random_k(d: int, k: int, rescale: bool = False) -> Compressor:
     )
 
 
-def _gaussiank(
+def gaussiank_compressor(
     d: int, k: int, max_rounds: int = 3, adjust: str = "paper", cap: bool = True, varint: bool = False
 ) -> Compressor:
     """``"gaussiank"``: the threshold of a Gaussian fit, adjusted towards k (:mod:`~.gaussiank`)."""
@@ -90,7 +92,7 @@ def _gaussiank(
     )
 
 
-def _qsgd(d: int, s: int, bucket_size: int | None = None) -> Compressor:
+def qsgd_compressor(d: int, s: int, bucket_size: int | None = None) -> Compressor:
     """``"qsgd"``: s-level stochastic quantization (:mod:`fedsketch.compress.qsgd`)."""
     c.check_d(d)
     qsgd.level_bits(s)
@@ -99,7 +101,7 @@ def _qsgd(d: int, s: int, bucket_size: int | None = None) -> Compressor:
     return Compressor("qsgd", d, True, encode, lambda p, _: qsgd.decompress(p, d, s=s, bucket_size=bucket_size))
 
 
-def _terngrad(d: int, bucket_size: int | None = None) -> Compressor:
+def terngrad_compressor(d: int, bucket_size: int | None = None) -> Compressor:
     """``"terngrad"``: stochastic ternarization (:mod:`fedsketch.compress.terngrad`)."""
     c.check_d(d)
     c.check_bucket_size(bucket_size)
@@ -107,7 +109,7 @@ def _terngrad(d: int, bucket_size: int | None = None) -> Compressor:
     return Compressor("terngrad", d, True, encode, lambda p, _: terngrad.decompress(p, d, bucket_size=bucket_size))
 
 
-def _signsgd(d: int, bucket_size: int | None = None, random_zeros: bool = False) -> Compressor:
+def signsgd_compressor(d: int, bucket_size: int | None = None, random_zeros: bool = False) -> Compressor:
     """``"signsgd"``: the scaled sign of EF-signSGD; ``random_zeros``: a fair sign for zeros, for votes."""
     c.check_d(d)
     c.check_bucket_size(bucket_size)
@@ -120,13 +122,13 @@ def _signsgd(d: int, bucket_size: int | None = None, random_zeros: bool = False)
 
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
-    "none": _none,
-    "topk": _topk,
-    "random_k": _random_k,
-    "gaussiank": _gaussiank,
-    "qsgd": _qsgd,
-    "terngrad": _terngrad,
-    "signsgd": _signsgd,
+    "none": none_compressor,
+    "topk": topk_compressor,
+    "random_k": random_k_compressor,
+    "gaussiank": gaussiank_compressor,
+    "qsgd": qsgd_compressor,
+    "terngrad": terngrad_compressor,
+    "signsgd": signsgd_compressor,
 }
 
 

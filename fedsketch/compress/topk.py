@@ -5,7 +5,7 @@ Keeps the ``k`` coordinates of largest absolute value (Aji & Heafield, EMNLP
 (Rothchild et al., ICML 2020, Sec. 6) compares against it twice: *local top-k*,
 where each client uploads the top-k of its own (error-corrected) update, and
 *true top-k*, where the server takes the top-k of the aggregated dense updates
-(:mod:`fedsketch.compress.server`).
+(:mod:`fedsketch.algorithms.topk_sgd`).
 
 Top-k is biased (it drops the small coordinates every time), so it is used
 with error feedback (:mod:`fedsketch.compress.error_feedback`).

@@ -9,7 +9,7 @@ majority vote, Bernstein et al., ICLR 2019). Each is a compressor from
 (local top-k also without, as FetchSGD compares it: ``local-topk-error``), and
 one server step: the example-weighted mean of the decoded uploads (or the
 vote), then momentum SGD, sparsified to ``download-k`` coordinates if asked
-(:mod:`fedsketch.compress.server`).
+(:mod:`fedsketch.algorithms.topk_sgd`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedsketch.aggregate import weighted_mean
-from fedsketch.compress import Compressor, compress_with_feedback, derive_seed, get_compressor, server
+from fedsketch.algorithms import topk_sgd
+from fedsketch.compress import Compressor, compress_with_feedback, derive_seed, registry
 from fedsketch.compress.signsgd import majority_vote
 from fedsketch.methods.method import ClientJob, Method, Payload, PayloadCheck, Round, State
 from fedsketch.setting import Setting
@@ -58,7 +59,6 @@ SIGNSGD_VARIANT = Setting(
     choices=("ef", "majority"),
 )
 COMMON = ("momentum", "momentum-zeroing", "download-k")
-SPARSIFIERS = ("local_topk", "random_k", "gaussiank")
 
 
 @dataclass(frozen=True)
@@ -85,93 +85,80 @@ class Upload:
         return None
 
 
-UploadFn = Callable[["RunConfig", int], Upload]
+@dataclass(frozen=True)
+class Compressed:
+    """One compressed-upload method's own parts: its upload for a run, and whether it keeps client error.
 
+    ``make(cfg, d, feedback)`` builds the run's :class:`Upload`; ``feedback(cfg)`` says
+    whether clients keep error feedback (the biased compressors); ``sparsifier``: the
+    server tallies the values each client sent against ``k``.
+    """
 
-def _bucket(cfg: RunConfig) -> int | None:
-    return cfg.quantizer_bucket_size or None  # 0: one scale for the whole vector
+    make: Callable[[RunConfig, int, bool], Upload]
+    feedback: Callable[[RunConfig], bool]
+    sparsifier: bool = False
 
+    @lru_cache(maxsize=32)  # a few frozen records, each living as long as the process
+    def upload(self, cfg: RunConfig, d: int) -> Upload:
+        """The run's upload for vectors of length ``d`` (options checked once)."""
+        return self.make(cfg, d, self.feedback(cfg))
 
-def _signsgd(cfg: RunConfig, d: int) -> Upload:
-    if SIGNSGD_VARIANT.of(cfg) == "majority":
-        # A vote needs signs only: one scale for the whole vector (4 bytes), ignored by the server;
-        # zeros get a random sign from the client's own seed.
-        return Upload(get_compressor("signsgd", d, bucket_size=None, random_zeros=True), False, "client", vote=True)
-    return Upload(get_compressor("signsgd", d, bucket_size=_bucket(cfg)), error_feedback=True)
+    def encode(self, update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payload, State]:
+        """Compress, with error feedback where the method uses it (the error is what the client keeps)."""
+        up = self.upload(cfg, update.numel())
+        seed = up.seed(cfg.seed, job.server_round, job.cid)
+        if not up.error_feedback:
+            return up.compressor.compress(update, seed=seed), {}
+        payload, error = compress_with_feedback(
+            update,
+            job.state.get("error"),
+            lambda vec: up.compressor.compress(vec, seed=seed),
+            lambda sent: up.compressor.decompress(sent, seed=seed),
+        )
+        return payload, {"error": error}
 
+    def layout(self, cfg: RunConfig, d: int, server_round: int) -> PayloadCheck:
+        """Layouts vary (sparse encodings, Gaussian-k's count): decoding checks them."""
+        up = self.upload(cfg, d)
+        seed = up.seed(cfg.seed, server_round)
+        return lambda payload: up.compressor.decompress(payload, seed=seed)
 
-UPLOADS: dict[str, UploadFn] = {
-    "local_topk": lambda cfg, d: Upload(get_compressor("topk", d, k=cfg.k), error_feedback=error_feedback(cfg)),
-    "random_k": lambda cfg, d: Upload(get_compressor("random_k", d, k=cfg.k), True, seed_scope="round"),
-    "gaussiank": lambda cfg, d: Upload(get_compressor("gaussiank", d, k=cfg.k), error_feedback=True),
-    "qsgd": lambda cfg, d: Upload(
-        get_compressor("qsgd", d, s=QSGD_LEVELS.of(cfg), bucket_size=_bucket(cfg)), False, seed_scope="client"
-    ),
-    "terngrad": lambda cfg, d: Upload(get_compressor("terngrad", d, bucket_size=_bucket(cfg)), False, "client"),
-    "signsgd": _signsgd,
-}
+    def step(self, state: CompressedState, rnd: Round, cfg: RunConfig) -> tuple[CompressedState, torch.Tensor]:
+        """Average (or vote on) the decoded updates, then momentum SGD."""
+        decoded = [u.decoded for u in rnd.updates if isinstance(u.decoded, torch.Tensor)]
+        if self.upload(cfg, rnd.d).vote:
+            g = majority_vote(decoded)
+        else:
+            g = weighted_mean(decoded, [float(u.num_examples) for u in rnd.updates])
+        tally = state.tally
+        if self.sparsifier:  # how close to k each client lands
+            sent = sum(int(u.payload["val"].size) for u in rnd.updates)
+            tally = tally + torch.tensor([float(sent), float(len(rnd.updates))], dtype=torch.float64)
+        inner, delta = topk_sgd.step(state.server, g.to(rnd.device), _params(cfg, rnd.d), rnd.lr)
+        return CompressedState(inner, tally), delta
 
-
-@lru_cache(maxsize=32)
-def upload(cfg: RunConfig, d: int) -> Upload:
-    """The run's upload for vectors of length ``d`` (options checked once)."""
-    return UPLOADS[cfg.strategy](cfg, d)
-
-
-def encode(update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payload, State]:
-    """Compress, with error feedback where the method uses it (the error is what the client keeps)."""
-    up = upload(cfg, update.numel())
-    seed = up.seed(cfg.seed, job.server_round, job.cid)
-    if not up.error_feedback:
-        return up.compressor.compress(update, seed=seed), {}
-    payload, error = compress_with_feedback(
-        update,
-        job.state.get("error"),
-        lambda vec: up.compressor.compress(vec, seed=seed),
-        lambda sent: up.compressor.decompress(sent, seed=seed),
-    )
-    return payload, {"error": error}
-
-
-def layout(cfg: RunConfig, d: int, server_round: int) -> PayloadCheck:
-    """Layouts vary (sparse encodings, Gaussian-k's count): decoding checks them."""
-    up = upload(cfg, d)
-    seed = up.seed(cfg.seed, server_round)
-    return lambda payload: up.compressor.decompress(payload, seed=seed)
+    def state_vectors(self, cfg: RunConfig) -> int:
+        """The error-feedback memory, where the method keeps one."""
+        return 1 if self.feedback(cfg) else 0
 
 
 @dataclass(frozen=True)
 class CompressedState:
     """Momentum velocity and error accumulator (with ``download-k``), and a tally of values sent."""
 
-    server: server.TopkServerState
+    server: topk_sgd.TopkServerState
     tally: torch.Tensor  # float64 [values sent, clients] since the last metrics row (sparsifiers)
 
 
-def _params(cfg: RunConfig, d: int) -> server.TopkServerParams:
-    return server.local_topk(
+def _params(cfg: RunConfig, d: int) -> topk_sgd.TopkServerParams:
+    return topk_sgd.local_topk(
         d, download_k=cfg.download_k or None, momentum=cfg.momentum, momentum_zeroing=cfg.momentum_zeroing
     )
 
 
 def init(cfg: RunConfig, d: int, device: torch.device) -> CompressedState:
     """Zero velocity and error; an empty tally."""
-    return CompressedState(server.init(_params(cfg, d), device=device), torch.zeros(2, dtype=torch.float64))
-
-
-def step(state: CompressedState, rnd: Round, cfg: RunConfig) -> tuple[CompressedState, torch.Tensor]:
-    """Average (or vote on) the decoded updates, then momentum SGD."""
-    decoded = [u.decoded for u in rnd.updates if isinstance(u.decoded, torch.Tensor)]
-    if upload(cfg, rnd.d).vote:
-        g = majority_vote(decoded)
-    else:
-        g = weighted_mean(decoded, [float(u.num_examples) for u in rnd.updates])
-    tally = state.tally
-    if cfg.strategy in SPARSIFIERS:  # how close to k each client lands
-        sent = sum(int(u.payload["val"].size) for u in rnd.updates)
-        tally = tally + torch.tensor([float(sent), float(len(rnd.updates))], dtype=torch.float64)
-    inner, delta = server.step(state.server, g.to(rnd.device), _params(cfg, rnd.d), rnd.lr)
-    return CompressedState(inner, tally), delta
+    return CompressedState(topk_sgd.init(_params(cfg, d), device=device), torch.zeros(2, dtype=torch.float64))
 
 
 def report(state: CompressedState, cfg: RunConfig) -> tuple[CompressedState, dict[str, float]]:
@@ -186,37 +173,70 @@ def report(state: CompressedState, cfg: RunConfig) -> tuple[CompressedState, dic
     }
 
 
-def error_feedback(cfg: RunConfig) -> bool:
-    """Whether clients keep error feedback: the biased compressors (sparsifiers, EF-signSGD), unless told not to."""
-    if cfg.strategy == "local_topk":
-        return LOCAL_TOPK_ERROR.of(cfg) == "client"
-    return cfg.strategy in SPARSIFIERS or (cfg.strategy == "signsgd" and SIGNSGD_VARIANT.of(cfg) == "ef")
+def _bucket(cfg: RunConfig) -> int | None:
+    return cfg.quantizer_bucket_size or None  # 0: one scale for the whole vector
 
 
-def state_vectors(cfg: RunConfig) -> int:
-    """The error-feedback memory, where the method keeps one."""
-    return 1 if error_feedback(cfg) else 0
+def _always(cfg: RunConfig) -> bool:
+    return True
 
 
-def _method(name: str, upload_desc: str, keeps: str, paper: str, **facts: object) -> Method:
+def _never(cfg: RunConfig) -> bool:
+    return False
+
+
+LOCAL_TOPK = Compressed(
+    lambda cfg, d, ef: Upload(registry.topk_compressor(d, k=cfg.k), ef),
+    lambda cfg: LOCAL_TOPK_ERROR.of(cfg) == "client",
+    sparsifier=True,
+)
+RANDOM_K = Compressed(
+    lambda cfg, d, ef: Upload(registry.random_k_compressor(d, k=cfg.k), ef, "round"), _always, sparsifier=True
+)
+GAUSSIANK = Compressed(
+    lambda cfg, d, ef: Upload(registry.gaussiank_compressor(d, k=cfg.k), ef), _always, sparsifier=True
+)
+QSGD = Compressed(
+    lambda cfg, d, ef: Upload(
+        registry.qsgd_compressor(d, s=QSGD_LEVELS.of(cfg), bucket_size=_bucket(cfg)), ef, "client"
+    ),
+    _never,
+)
+TERNGRAD = Compressed(
+    lambda cfg, d, ef: Upload(registry.terngrad_compressor(d, bucket_size=_bucket(cfg)), ef, "client"), _never
+)
+
+
+def _signsgd(cfg: RunConfig, d: int, ef: bool) -> Upload:
+    if not ef:  # majority vote: signs only, one scale for the whole vector (4 bytes), ignored by the server;
+        # zeros get a random sign from the client's own seed
+        return Upload(registry.signsgd_compressor(d, bucket_size=None, random_zeros=True), False, "client", vote=True)
+    return Upload(registry.signsgd_compressor(d, bucket_size=_bucket(cfg)), True)
+
+
+SIGNSGD = Compressed(_signsgd, lambda cfg: SIGNSGD_VARIANT.of(cfg) == "ef")
+
+
+def _method(name: str, parts: Compressed, upload_desc: str, keeps: str, paper: str, **facts: Any) -> Method:
     return Method(
         name=name,
         upload=upload_desc,
         client_state=keeps,
         paper=paper,
-        encode=encode,
-        layout=layout,
+        encode=parts.encode,
+        layout=parts.layout,
         init=init,
-        step=step,
+        step=parts.step,
         report=report,
-        state_vectors=state_vectors,
-        **facts,  # type: ignore[arg-type]
+        state_vectors=parts.state_vectors,
+        **facts,
     )
 
 
 METHODS = (
     _method(
         "local_topk",
+        LOCAL_TOPK,
         "own top-k, values and positions",
         "client: error, d floats; none: none",
         "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
@@ -226,6 +246,7 @@ METHODS = (
     ),
     _method(
         "random_k",
+        RANDOM_K,
         "k values at coordinates the round shares",
         "error, d floats",
         "Stich et al., NeurIPS 2018",
@@ -234,6 +255,7 @@ METHODS = (
     ),
     _method(
         "gaussiank",
+        GAUSSIANK,
         "values above a Gaussian-fit threshold",
         "error, d floats",
         "Shi et al., 2019",
@@ -242,6 +264,7 @@ METHODS = (
     ),
     _method(
         "qsgd",
+        QSGD,
         "s-level stochastic quantization",
         "none (unbiased)",
         "Alistarh et al., NeurIPS 2017",
@@ -251,6 +274,7 @@ METHODS = (
     ),
     _method(
         "terngrad",
+        TERNGRAD,
         "stochastic ternarization",
         "none (unbiased)",
         "Wen et al., NeurIPS 2017",
@@ -258,6 +282,7 @@ METHODS = (
     ),
     _method(
         "signsgd",
+        SIGNSGD,
         "scaled signs (ef) or sign bits (majority)",
         "ef: error, d floats; majority: none",
         "Karimireddy et al., ICML 2019; Bernstein et al., ICLR 2019",

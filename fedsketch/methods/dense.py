@@ -5,7 +5,7 @@ SGD (:mod:`fedsketch.algorithms.momentum_sgd`); with ``momentum = 0``, ``lr = 1`
 and ``client-update = "delta"`` this is FedAvg (McMahan et al., AISTATS 2017)
 and matches Flower's own FedAvg. ``true_topk`` (Rothchild et al., ICML 2020,
 Sec. 6): the server takes the top-k of its momentum-accumulated mean with error
-feedback (:func:`fedsketch.compress.server.step`), FetchSGD's Algorithm 1 with
+feedback (:func:`fedsketch.algorithms.topk_sgd.step`), FetchSGD's Algorithm 1 with
 the exact vector in place of the sketch: the upper bound of what sketching can do.
 """
 
@@ -18,7 +18,8 @@ import torch
 
 from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd
-from fedsketch.compress import identity, server
+from fedsketch.algorithms import topk_sgd as server
+from fedsketch.compress import identity
 from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Round, State
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedsketch.compress import server
-from fedsketch.compress.server import TopkServerParams
+from fedsketch.algorithms import topk_sgd as server
+from fedsketch.algorithms.topk_sgd import TopkServerParams
 
 D = 200
 
