@@ -6,30 +6,45 @@ uncompressed and true top-k references, the compressed-upload baselines and
 Sketched-SGD (Ivkin et al., NeurIPS 2019). The run config's strategy choices,
 the settings a method declares, sweeps, the client's encoder, the server's
 step and the documentation tables all read this registry; adding a method is
-a module with its record and one line below (see docs/extending.md).
+a module of this package with its record: the registry finds every ``METHOD``
+(or ``METHODS``) its modules define (see docs/extending.md).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from fedsketch.methods import compressed, dense, fetchsgd, powersgd, sketched_sgd
 from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadCheck, PayloadSpec, Round, State
 from fedsketch.setting import ConfigError
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-METHODS: tuple[Method, ...] = (
-    fetchsgd.METHOD,
-    dense.FEDAVG,
-    dense.TRUE_TOPK,
-    *compressed.METHODS,
-    sketched_sgd.METHOD,
-    powersgd.METHOD,
-)
+
+def _discover() -> tuple[Method, ...]:
+    """Every :class:`Method` record the package's modules define (``METHOD`` or ``METHODS``), by name.
+
+    Raises
+    ------
+    ValueError
+        If two records share a name.
+    """
+    found: list[Method] = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        one = getattr(module, "METHOD", None)
+        found.extend(getattr(module, "METHODS", (one,) if one is not None else ()))
+    names = [m.name for m in found]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two methods share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    return tuple(sorted(found, key=lambda m: m.name))
+
+
+METHODS: tuple[Method, ...] = _discover()
 REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 

@@ -98,7 +98,7 @@ class Compressed:
     feedback: Callable[[RunConfig], bool]
     sparsifier: bool = False
 
-    @lru_cache(maxsize=32)  # a few frozen records, each living as long as the process
+    @lru_cache(maxsize=32)  # noqa: B019 -- six module-level records that live as long as the process
     def upload(self, cfg: RunConfig, d: int) -> Upload:
         """The run's upload for vectors of length ``d`` (options checked once)."""
         return self.make(cfg, d, self.feedback(cfg))

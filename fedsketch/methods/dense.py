@@ -93,3 +93,5 @@ TRUE_TOPK = Method(
     sweep={"k": "k"},
     linear=True,
 )
+
+METHODS = (FEDAVG, TRUE_TOPK)
