@@ -36,7 +36,7 @@ def layout(cfg: RunConfig, d: int, server_round: int = 0) -> PayloadSpec:
     return {"update": ((d,), np.dtype(np.float32))}
 
 
-def _mean(rnd: Round) -> torch.Tensor:
+def mean_update(rnd: Round) -> torch.Tensor:
     """The example-weighted mean of the round's dense updates."""
     like = torch.zeros(rnd.d, device=rnd.device)
     return weighted_mean([u.payload["update"] for u in rnd.updates], [u.num_examples for u in rnd.updates], like)
@@ -51,7 +51,7 @@ def fedavg_step(
     state: momentum_sgd.MomentumState, rnd: Round, cfg: RunConfig
 ) -> tuple[momentum_sgd.MomentumState, torch.Tensor]:
     """Weighted mean of the updates, then momentum SGD."""
-    return momentum_sgd.step(state, _mean(rnd), rnd.lr, cfg.momentum)
+    return momentum_sgd.step(state, mean_update(rnd), rnd.lr, cfg.momentum)
 
 
 def _topk_params(cfg: RunConfig, d: int) -> server.TopkServerParams:
@@ -65,7 +65,7 @@ def topk_init(cfg: RunConfig, d: int, device: torch.device) -> server.TopkServer
 
 def topk_step(state: server.TopkServerState, rnd: Round, cfg: RunConfig) -> tuple[server.TopkServerState, torch.Tensor]:
     """Weighted mean of the dense updates, then the top-k step with error accumulation."""
-    return server.step(state, _mean(rnd), _topk_params(cfg, rnd.d), rnd.lr)
+    return server.step(state, mean_update(rnd), _topk_params(cfg, rnd.d), rnd.lr)
 
 
 FEDAVG = Method(
