@@ -24,17 +24,8 @@ from typing import Self
 
 import torch
 
-from fedsketch._hashing import (
-    MAX_COLS,
-    SERIAL_OP,
-    TabulationHash,
-    accumulate_dense,
-    estimate_blocks,
-    median_of_rows,
-    pieces,
-    survivors,
-    work_dtype,
-)
+from fedsketch._estimates import estimate_blocks, median_of_rows, survivors
+from fedsketch._hashing import MAX_COLS, SERIAL_OP, TabulationHash, accumulate_dense, pieces, work_dtype
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
