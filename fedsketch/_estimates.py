@@ -3,11 +3,11 @@
 Count Sketch (Charikar, Chen and Farach-Colton, ICALP 2002), as used by
 FetchSGD (Rothchild et al., ICML 2020) and Sketched-SGD (Ivkin et al., NeurIPS
 2019): a coordinate's estimate is the median over rows of its signed buckets.
-Here are that median (min/max networks for 3 and 5 rows), the estimates of all
-d coordinates block by block, and the coordinates whose estimate clears a bar
-(the candidates of top-k and of the heavy-hitter test), over the hash
-functions of :mod:`fedsketch._hashing`. Why the windows make this fast:
-docs/sketch.md.
+Here are that median (min/max networks for 3 and 5 rows), the estimates of
+given coordinates or of all d block by block, the coordinates whose estimate
+clears a bar (the candidates of top-k and of the heavy-hitter test), and the
+bar top-k starts from, over the hash functions of :mod:`fedsketch._hashing`.
+Why the windows make this fast: docs/sketch.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsketch._hashing import TabulationHash, chunk_hashes, work_dtype
+from fedsketch._hashing import TabulationHash, chunk_hashes, pieces, work_dtype
 
 
 def median_of_rows(values: torch.Tensor) -> torch.Tensor:
@@ -51,6 +51,29 @@ def _median_network(p: Sequence[Any], minimum: Callable[..., Any], maximum: Call
     second_low = maximum(minimum(p[0], p[1]), minimum(p[3], p[4]))  # 2nd smallest of p0, p1, p3, p4
     second_high = minimum(maximum(p[0], p[1]), maximum(p[3], p[4]))  # 2nd largest of them
     return maximum(minimum(second_high, p[2]), minimum(maximum(second_high, p[2]), second_low))
+
+
+def estimate_at(table: torch.Tensor, hashes: TabulationHash, indices: torch.Tensor) -> torch.Tensor:
+    """Estimates of ``x[indices]`` (validated int64 indices on the table's device), in the table's dtype."""
+    out = torch.empty(indices.numel(), dtype=table.dtype, device=table.device)
+    for part in pieces(indices.numel(), hashes.rows, table.device):
+        buckets, signs = hashes.locate(indices[part])
+        values = table.view(-1).index_select(0, buckets.view(-1)).view(buckets.shape)
+        out[part] = median_of_rows(values.to(work_dtype(table.dtype)) * signs)
+    return out
+
+
+def sample_threshold(table: torch.Tensor, hashes: TabulationHash, k: int) -> float | None:
+    """A magnitude that about ``2k`` estimates should exceed, from a fixed sample of coordinates.
+
+    Only a speed-up for top-k: its candidate pass starts over when fewer than k pass it.
+    """
+    m = min(hashes.d, 1 << 13)
+    rank = 2 * m * k // hashes.d
+    if rank < 16 or rank >= m:  # too few sampled points above it to trust it, or no filter
+        return None
+    sample = torch.randint(0, hashes.d, (m,), generator=torch.Generator().manual_seed(0), device="cpu").to(table.device)
+    return float(torch.topk(estimate_at(table, hashes, sample).to(work_dtype(table.dtype)).abs(), rank).values[-1])
 
 
 def estimate_blocks(table: torch.Tensor, hashes: TabulationHash) -> Iterator[tuple[int, torch.Tensor]]:
