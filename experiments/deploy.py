@@ -38,7 +38,8 @@ from typing import Any, Self
 import httpx
 
 from experiments import procs
-from experiments.launch import bin_path, flower_env, free_port, staged_app, stop_group
+from experiments.flower_procs import bin_path, flower_env, free_port, stop_group
+from experiments.launch import staged_app
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
 CONNECTION = "fedsketch-deploy"
