@@ -1,10 +1,12 @@
-"""Flower's processes from the outside: their environment, a free port, their console scripts, stopping them.
+"""Starting, watching and stopping Flower's processes from the outside.
 
-Both ways fedsketch runs Flower start its processes from here: a private
+Both ways fedsketch runs Flower start its processes with these: a private
 SuperLink per simulated run (:mod:`experiments.launch`) and a SuperLink with
-SuperNodes on loopback (:mod:`experiments.deploy`). Each runs with a private
-``FLWR_HOME`` and no telemetry, in a process group of its own that is stopped
-as a whole: SIGTERM, then SIGKILL after a grace period.
+SuperNodes on loopback (:mod:`experiments.deploy`). Each runs from this
+environment's console scripts with a private ``FLWR_HOME`` and no telemetry,
+on a free loopback port, in a process group of its own that is stopped as a
+whole: SIGTERM, then SIGKILL after a grace period. A SuperLink has started
+once its HTTP health endpoint answers.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -100,3 +103,35 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_f
             pass
         time.sleep(0.05)
     raise RuntimeError(f"flower-superlink did not start within {timeout:.0f} s; see {log_file}")
+
+
+def program(name: str) -> str:
+    """``python`` is this interpreter (which ``bin_path`` may not find under that name); paths stay as they are."""
+    return sys.executable if name == "python" else bin_path(name)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the process group of ``proc`` (started in a session of its own), if it is still there."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def wait_healthy_tls(
+    address: str, ca_cert: Path | None, proc: subprocess.Popen[bytes], log_file: Path, timeout: float
+) -> None:
+    """:func:`wait_healthy` for a SuperLink at ``address``, over HTTPS verified against ``ca_cert`` when one is given."""
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else False
+    url = f"{'https' if ca_cert else 'http'}://{address}/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
+        try:
+            if httpx.get(url, timeout=0.5, verify=verify).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"flower-superlink did not answer at {url} within {timeout:.0f} s; see {log_file}")
