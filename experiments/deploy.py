@@ -11,8 +11,9 @@ TLS and SuperNode authentication (certificates and keys from
 :mod:`experiments.pki`), runs fedsketch on it with ``flwr run``, and stops every
 process it started together with everything those spawned, found by a variable
 in their environment (the SuperLink detaches its ``flower-superexec`` into a
-session of its own, out of reach of a process group). The commands are the
-ones :mod:`experiments.recipe` prints for real devices.
+session of its own, out of reach of a process group). The commands
+(:mod:`experiments.deploy_commands`) are the ones :mod:`experiments.recipe`
+prints for real devices.
 
 Each SuperNode runs under :mod:`clients.launcher` (``isolation = "launcher"``):
 one process that has imported torch and Flower forks a child per message,
@@ -25,99 +26,36 @@ from __future__ import annotations
 import json
 import os
 import signal
-import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
-
-import httpx
+from typing import Self
 
 from experiments import procs
-from experiments.launch import bin_path, flower_env, free_port, staged_app, stop_group
+from experiments.deploy_commands import (
+    CONNECTION,
+    Deployment,
+    connection_toml,
+    node_settings,
+    superlink_command,
+    supernode_command,
+)
+from experiments.flower_procs import (
+    bin_path,
+    flower_env,
+    free_port,
+    program,
+    signal_group,
+    stop_group,
+    wait_healthy_tls,
+)
+from experiments.launch import staged_app
 from experiments.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 
-CONNECTION = "fedsketch-deploy"
-ISOLATIONS = ("launcher", "subprocess")
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What to start: how many SuperNodes, and how the link is secured."""
-
-    num_supernodes: int = 2
-    tls: bool = False
-    auth: bool = False
-    isolation: str = "launcher"
-
-    def __post_init__(self) -> None:
-        if self.isolation not in ISOLATIONS:
-            raise ValueError(f"unknown isolation {self.isolation!r}; choose one of {', '.join(ISOLATIONS)}")
-        if self.num_supernodes < 1:
-            raise ValueError(f"a deployment needs at least one SuperNode; got {self.num_supernodes}")
-        if self.auth and not self.tls:
-            raise ValueError(
-                "SuperNode authentication needs TLS: flower-superlink refuses "
-                "--enable-supernode-auth together with --insecure"
-            )
-
-
-def node_settings(num_supernodes: int) -> dict[str, Any]:
-    """Run settings for one client per SuperNode, every node in every round."""
-    n = num_supernodes
-    return {"client-assignment": "node", "num-clients": n, "clients-per-round": n, "min-nodes": n}
-
-
-def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1") -> list[str]:
-    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``."""
-    cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
-    if certs is None:
-        return [*cmd, "--insecure"]
-    cmd += [
-        "--ssl-ca-certfile",
-        str(certs.ca_cert),
-        "--ssl-certfile",
-        str(certs.server_cert),
-        "--ssl-keyfile",
-        str(certs.server_key),
-    ]
-    return [*cmd, "--enable-supernode-auth"] if auth else cmd
-
-
-def supernode_command(
-    superlink: str,
-    port: int,
-    partition_id: int,
-    num_partitions: int,
-    ca_cert: Path | None,
-    key: Path | None,
-    isolation: str = "launcher",
-) -> list[str]:
-    """The command for one device; ``port`` is its local Runtime API (one per node on a host).
-
-    With ``isolation = "launcher"``: ``python -m clients.launcher --port PORT --
-    flower-supernode ...`` (the launcher adds ``--isolation process`` and the
-    port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
-    """
-    cmd = ["flower-supernode", "--superlink", superlink]
-    cmd += ["--root-certificates", str(ca_cert)] if ca_cert is not None else ["--insecure"]
-    if key is not None:
-        cmd += ["--auth-supernode-private-key", str(key)]
-    cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
-    if isolation == "launcher":
-        return ["python", "-m", "clients.launcher", "--port", str(port), "--", *cmd]
-    return [*cmd, "--port", str(port)]
-
-
-def connection_toml(address: str, ca_cert: Path | None) -> str:
-    """``$FLWR_HOME/config.toml``: the connection ``flwr run`` and ``flwr supernode`` use."""
-    security = f'root-certificates = "{ca_cert}"' if ca_cert is not None else "insecure = true"
-    return f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{address}"\n{security}\n'
+__all__ = ["TAG", "Deployment", "LocalFederation", "node_settings"]  # what a run on a LocalFederation needs
 
 
 class LocalFederation:
@@ -196,7 +134,7 @@ class LocalFederation:
     def kill_supernode(self, partition_id: int) -> None:
         """SIGKILL a SuperNode and its ClientApps, as a device that loses power would stop."""
         proc = self.procs.pop(f"supernode-{partition_id}")
-        _signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
+        signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
         proc.wait()
         procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"), 5.0)
 
@@ -326,7 +264,7 @@ class LocalFederation:
         ca = self.certs.ca_cert if self.certs is not None else None
         (home / "config.toml").write_text(connection_toml(self.address, ca), encoding="utf-8")
         link = self._spawn("superlink", superlink_command(self.port, self.certs, self.deployment.auth), self.env)
-        _wait_healthy(self.address, ca, link, self.log("superlink"), timeout=60.0)
+        wait_healthy_tls(self.address, ca, link, self.log("superlink"), timeout=60.0)
         if self.deployment.auth:
             self.register(list(range(self.deployment.num_supernodes)))
         for i in range(self.deployment.num_supernodes):
@@ -336,7 +274,7 @@ class LocalFederation:
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.log(name), "ab") as log:
             proc = subprocess.Popen(
-                [_program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.procs[name] = proc
         return proc
@@ -344,7 +282,7 @@ class LocalFederation:
     def close(self) -> None:
         """Stop every process started here and all they spawned (safe to call twice)."""
         for proc in self.procs.values():  # all at once: each may take seconds to shut down
-            _signal_group(proc, signal.SIGTERM)
+            signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
         for proc in self.procs.values():
             try:
@@ -353,33 +291,3 @@ class LocalFederation:
                 stop_group(proc, grace_s=0.0)
         self.procs.clear()
         procs.stop_carrying(TAG, str(self.work_dir.resolve()), 5.0)  # the detached ones, and any orphans
-
-
-def _program(name: str) -> str:
-    """``python`` is this interpreter (which ``bin_path`` may not find under that name); paths stay as they are."""
-    return sys.executable if name == "python" else bin_path(name)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_healthy(
-    address: str, ca_cert: Path | None, proc: subprocess.Popen[bytes], log_file: Path, timeout: float
-) -> None:
-    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else False
-    url = f"{'https' if ca_cert else 'http'}://{address}/health"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
-        try:
-            if httpx.get(url, timeout=0.5, verify=verify).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"flower-superlink did not answer at {url} within {timeout:.0f} s; see {log_file}")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.deploy import CONNECTION, connection_toml, node_settings, superlink_command, supernode_command
+from experiments.deploy_commands import CONNECTION, connection_toml, node_settings, superlink_command, supernode_command
 from experiments.pki import ServerCertificates, make_certificates, make_node_keys
 from experiments.runner import DEFAULT_CONFIG, load_experiment, run_config_toml
 from fedsketch import runlog

@@ -1,4 +1,4 @@
-"""The Count Sketch's hash functions, and the chunked loops that apply them.
+"""The Count Sketch's hash functions, and the chunked loops that add vectors into a table.
 
 Count Sketch (Charikar, Chen and Farach-Colton, ICALP 2002), as used by
 FetchSGD (Rothchild et al., ICML 2020) and Sketched-SGD (Ivkin et al., NeurIPS
@@ -9,15 +9,14 @@ table of one chunk (``C = min(2**15, cols)``) and ``T_r``, ``u_r`` come from
 4-wise independent cubic polynomials mod ``2**31 - 1`` (Wegman and Carter
 1981). Every parameter is a pure function of ``(seed, d, rows, cols)``, drawn
 with SplitMix64. Why this keeps Count Sketch's guarantees, and why this shape
-is fast: docs/sketch.md.
+is fast: docs/sketch.md. Estimates read back from a table: :mod:`fedsketch._estimates`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -208,7 +207,7 @@ def accumulate_dense(table: torch.Tensor, vec: torch.Tensor, hashes: TabulationH
         table.view(-1).index_add_(0, flat, values.view(-1).to(table.dtype))
 
 
-def _chunk_hashes(hashes: TabulationHash) -> Iterator[tuple[int, list[int], list[float]]]:
+def chunk_hashes(hashes: TabulationHash) -> Iterator[tuple[int, list[int], list[float]]]:
     """Per chunk, in order: its index and, per row, its window's start and sign (hashed HASH_SPAN chunks at a time)."""
     for h0 in range(0, hashes.n_chunks, HASH_SPAN):
         h1 = min(hashes.n_chunks, h0 + HASH_SPAN)
@@ -231,7 +230,7 @@ def _accumulate_windows(table: torch.Tensor, vec: torch.Tensor, hashes: Tabulati
     target = table.numpy() if direct else np.zeros((hashes.rows, cols + C if wide else cols), buffer_dtype)
     inv, inv_sign = hashes.inv.numpy(), hashes.inv_sign.numpy().astype(target.dtype)
     window = np.empty(C, target.dtype)
-    for chunk, starts, signs in _chunk_hashes(hashes):
+    for chunk, starts, signs in chunk_hashes(hashes):
         np.multiply(chunk_of(vec, chunk * C, C).to(work).numpy()[inv], inv_sign, out=window)
         for r, (start, sign) in enumerate(zip(starts, signs, strict=True)):
             add = np.add if sign > 0 else np.subtract
@@ -246,91 +245,6 @@ def _accumulate_windows(table: torch.Tensor, vec: torch.Tensor, hashes: Tabulati
         table += folded[:, :cols]
         if wide:
             table[:, :C] += folded[:, cols:]
-
-
-def median_of_rows(values: torch.Tensor) -> torch.Tensor:
-    """Median over dim 0; the lower median for an even count, as ``torch.median``.
-
-    Three and five rows use min/max selection networks (5 rows: 10 operations,
-    after Devillard's ``opt_med5``), several times faster than ``torch.median``
-    on a CPU; they return the same value.
-    """
-    n = values.shape[0]
-    if n in (1, 3, 5):
-        return _median_network(values.unbind(0), torch.minimum, torch.maximum)
-    return values.median(dim=0).values
-
-
-def _median_np(values: np.ndarray) -> np.ndarray:
-    """:func:`median_of_rows` for a numpy array."""
-    n = values.shape[0]
-    if n in (1, 3, 5):
-        return _median_network(list(values), np.minimum, np.maximum)
-    return np.partition(values, (n - 1) // 2, axis=0)[(n - 1) // 2]
-
-
-def _median_network(p: Sequence[Any], minimum: Callable[..., Any], maximum: Callable[..., Any]) -> Any:
-    """Median of 1, 3 or 5 equal-shaped arrays by min/max operations only (fresh output)."""
-    if len(p) == 1:
-        return maximum(p[0], p[0])
-    if len(p) == 3:
-        return maximum(minimum(p[0], p[1]), minimum(maximum(p[0], p[1]), p[2]))
-    second_low = maximum(minimum(p[0], p[1]), minimum(p[3], p[4]))  # 2nd smallest of p0, p1, p3, p4
-    second_high = minimum(maximum(p[0], p[1]), maximum(p[3], p[4]))  # 2nd largest of them
-    return maximum(minimum(second_high, p[2]), minimum(maximum(second_high, p[2]), second_low))
-
-
-def estimate_blocks(table: torch.Tensor, hashes: TabulationHash) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(start, estimates)`` for consecutive blocks covering all d coordinates, in coordinate order.
-
-    Estimates are float32 (float64 for a float64 table): each is plus or minus
-    one table entry, so casting them back to the table's dtype is exact.
-    """
-    if hashes.use_windows(table.device):
-        pos = hashes.pos.numpy()
-        for start, medians in _window_medians(table, hashes):
-            yield start, torch.from_numpy(medians[pos][: hashes.d - start])
-        return
-    work = table.to(work_dtype(table.dtype))
-    for h0, _, offsets, chunk_signs in hashes.blocks(table.device):
-        values = work.view(-1).index_select(0, hashes.window_buckets(offsets).view(-1)).view(hashes.rows, -1)
-        values.mul_((chunk_signs[:, :, None] * hashes.lo_sign).view(hashes.rows, -1))
-        yield h0 * hashes.chunk, median_of_rows(values)[: hashes.d - h0 * hashes.chunk]
-
-
-def survivors(
-    table: torch.Tensor, hashes: TabulationHash, bar: list[float]
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(indices, estimates)`` with ``|estimate| > bar[0]``, block by block in index order.
-
-    The caller may raise ``bar[0]`` between blocks (the running top-k threshold).
-    """
-    if not hashes.use_windows(table.device):
-        for start, block in estimate_blocks(table, hashes):
-            keep = torch.nonzero(block.abs() > bar[0]).view(-1)
-            yield keep + start, block.index_select(0, keep)
-        return
-    pos = hashes.pos.numpy()
-    for start, medians in _window_medians(table, hashes):
-        lo = np.flatnonzero((np.abs(medians) > bar[0])[pos][: hashes.d - start])
-        yield torch.from_numpy(lo + start), torch.from_numpy(medians[pos[lo]])
-
-
-def _window_medians(table: torch.Tensor, hashes: TabulationHash) -> Iterator[tuple[int, np.ndarray]]:
-    """Per chunk: signed contiguous windows and their median, in window order (numpy, CPU).
-
-    The permutation is shared by all rows, so window position ``p`` holds the
-    same coordinate ``inv(p)`` in every row: the median is taken before
-    un-permuting, and callers gather only what they need.
-    """
-    C, work = hashes.chunk, table.to(work_dtype(table.dtype)).numpy()
-    ext = np.concatenate([work, work[:, :C]], axis=1)  # wrapped windows become plain slices
-    plus = hashes.inv_sign.numpy().astype(work.dtype)
-    signed, values = {1.0: plus, -1.0: -plus}, np.empty((hashes.rows, C), work.dtype)
-    for chunk, starts, signs in _chunk_hashes(hashes):
-        for r, (start, sign) in enumerate(zip(starts, signs, strict=True)):
-            np.multiply(ext[r, start : start + C], signed[sign], out=values[r])
-        yield chunk * C, _median_np(values)
 
 
 @functools.lru_cache(maxsize=16)

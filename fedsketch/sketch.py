@@ -19,48 +19,13 @@ sound, and measured speed: docs/sketch.md.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Self
 
 import torch
 
-from fedsketch._hashing import (
-    MAX_COLS,
-    SERIAL_OP,
-    TabulationHash,
-    accumulate_dense,
-    estimate_blocks,
-    median_of_rows,
-    pieces,
-    survivors,
-    work_dtype,
-)
-
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _int_arg(name: str, value: object, low: int = 1) -> int:
-    """An int of at least ``low`` (numpy ints too; bool refused: ``True`` is not a size)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    number = operator.index(value)  # type: ignore[call-overload]
-    if number < low:
-        raise ValueError(f"{name} must be {'positive' if low == 1 else 'non-negative'}; got {number}")
-    return number
-
-
-def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    """Refuse NaN and Inf without a d-sized temporary in the common case.
-
-    Finite sums prove every entry finite; only a non-finite sum (which overflow
-    of huge finite values can also cause) pays for the exact check. On a CPU the
-    sums go piece by piece, each small enough to run without thread hand-offs.
-    """
-    flat = tensor.reshape(-1)
-    step = SERIAL_OP if tensor.device.type == "cpu" else max(1, flat.numel())
-    sums = torch.stack([piece.sum() for piece in flat.split(step)]) if flat.numel() else flat
-    if not torch.isfinite(sums).all() and not torch.isfinite(flat).all():
-        raise ValueError(f"{name} contains NaN or Inf")
+from fedsketch._estimates import estimate_at, estimate_blocks, median_of_rows, sample_threshold, survivors
+from fedsketch._hashing import MAX_COLS, TabulationHash, accumulate_dense, pieces
+from fedsketch.sketch_checks import DTYPES, check_indices, check_table, check_vector, int_arg
 
 
 class CountSketch:
@@ -92,10 +57,10 @@ class CountSketch:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         d, rows, cols, seed = (
-            _int_arg("d", d),
-            _int_arg("rows", rows),
-            _int_arg("cols", cols),
-            _int_arg("seed", seed, 0),
+            int_arg("d", d),
+            int_arg("rows", rows),
+            int_arg("cols", cols),
+            int_arg("seed", seed, 0),
         )
         if cols > MAX_COLS:
             raise ValueError(f"cols must be at most 2**30; got {cols}")
@@ -111,13 +76,7 @@ class CountSketch:
     @classmethod
     def from_table(cls, table: torch.Tensor, d: int, seed: int) -> CountSketch:
         """Rebuild a sketch from a received ``rows x cols`` table (copied, on its device and dtype)."""
-        if not isinstance(table, torch.Tensor):
-            raise TypeError(f"table must be a torch.Tensor; got {type(table).__name__}")
-        if table.dim() != 2:
-            raise ValueError(f"table must be 2-D (rows x cols); got shape {tuple(table.shape)}")
-        if table.dtype not in DTYPES:
-            raise TypeError(f"table must be a floating-point tensor of {DTYPES}; got {table.dtype}")
-        _check_finite("table", table)
+        check_table(table)
         sketch = cls(d, table.shape[0], table.shape[1], seed, device=table.device, dtype=table.dtype)
         sketch._table.copy_(table)
         return sketch
@@ -165,7 +124,7 @@ class CountSketch:
     # ------------------------------------------------------------ building
     def accumulate(self, vec: torch.Tensor) -> CountSketch:
         """Add ``S(vec)`` to the table; ``vec`` is a flat float tensor of length d. Returns self."""
-        vec = self._check_vector("vec", vec, self.d)
+        vec = check_vector("vec", vec, self.d, self.device)
         accumulate_dense(self._table, vec.contiguous(), self._hashes)
         return self
 
@@ -176,8 +135,8 @@ class CountSketch:
         ``S_e -= S(Delta)``, with Delta the top-k update: this sketches it in
         ``O(rows * k)`` rather than a pass over d.
         """
-        indices = self._check_indices(indices)
-        values = self._check_vector("values", values, indices.numel())
+        indices = check_indices(indices, self.d, self.device)
+        values = check_vector("values", values, indices.numel(), self.device)
         for part in pieces(indices.numel(), self.rows, self.device):
             buckets, signs = self._hashes.locate(indices[part])
             self._table.view(-1).index_add_(0, buckets.view(-1), (signs * values[part]).view(-1).to(self.dtype))
@@ -190,7 +149,7 @@ class CountSketch:
         subtracting diverged there); it also drops the mass of every other
         coordinate sharing those buckets.
         """
-        indices = self._check_indices(indices)
+        indices = check_indices(indices, self.d, self.device)
         for part in pieces(indices.numel(), self.rows, self.device):
             self._table.view(-1).index_fill_(0, self._hashes.locate(indices[part])[0].view(-1), 0.0)
         return self
@@ -246,13 +205,7 @@ class CountSketch:
             for start, block in estimate_blocks(self._table, self._hashes):
                 out[start : start + block.numel()] = block
             return out
-        indices = self._check_indices(indices)
-        out = torch.empty(indices.numel(), dtype=self.dtype, device=self.device)
-        for part in pieces(indices.numel(), self.rows, self.device):
-            buckets, signs = self._hashes.locate(indices[part])
-            values = self._table.view(-1).index_select(0, buckets.view(-1)).view(buckets.shape)
-            out[part] = median_of_rows(values.to(work_dtype(self.dtype)) * signs)
-        return out
+        return estimate_at(self._table, self._hashes, check_indices(indices, self.d, self.device))
 
     def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` coordinates with the largest ``|estimate|``: FetchSGD's unsketch.
@@ -268,22 +221,9 @@ class CountSketch:
         """
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.d:
             raise ValueError(f"k must be an int in 1..d={self.d}; got {k!r}")
-        idx, val, _ = _keep_largest(*self._candidates(k, self._sample_threshold(k)), k, by_index=False)
+        threshold = sample_threshold(self._table, self._hashes, k)
+        idx, val, _ = _keep_largest(*self._candidates(k, threshold), k, by_index=False)
         return idx, val.to(self.dtype)
-
-    def _sample_threshold(self, k: int) -> float | None:
-        """A magnitude that about ``2k`` estimates should exceed, from a fixed sample of coordinates.
-
-        Only a speed-up: :meth:`_candidates` starts over when fewer than k pass it.
-        """
-        m = min(self.d, 1 << 13)
-        rank = 2 * m * k // self.d
-        if rank < 16 or rank >= m:  # too few sampled points above it to trust it, or no filter
-            return None
-        sample = torch.randint(0, self.d, (m,), generator=torch.Generator().manual_seed(0), device="cpu").to(
-            self.device
-        )
-        return float(torch.topk(self.estimate(sample).to(work_dtype(self.dtype)).abs(), rank).values[-1])
 
     def _candidates(self, k: int, threshold: float | None) -> tuple[torch.Tensor, torch.Tensor]:
         """At least k candidates, in index order, that include the top k.
@@ -340,36 +280,6 @@ class CountSketch:
         ]
         if differ:
             raise ValueError("cannot merge sketches with different " + ", ".join(differ))
-
-    def _check_vector(self, name: str, vec: torch.Tensor, length: int) -> torch.Tensor:
-        if not isinstance(vec, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor; got {type(vec).__name__}")
-        if vec.dim() != 1:
-            raise ValueError(f"{name} must be a flat 1-D tensor; got shape {tuple(vec.shape)}")
-        if vec.numel() != length:
-            raise ValueError(f"{name} has length {vec.numel()}; expected {length}")
-        if not vec.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor; got {vec.dtype}")
-        if vec.device != self.device:
-            raise ValueError(f"{name} is on {vec.device} but the sketch is on {self.device}")
-        _check_finite(name, vec)
-        return vec.detach()
-
-    def _check_indices(self, indices: torch.Tensor) -> torch.Tensor:
-        if not isinstance(indices, torch.Tensor):
-            raise TypeError(f"indices must be a torch.Tensor; got {type(indices).__name__}")
-        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-            raise TypeError(f"indices must be an integer tensor; got {indices.dtype}")
-        if indices.dim() != 1:
-            raise ValueError(f"indices must be 1-D; got shape {tuple(indices.shape)}")
-        if indices.device != self.device:
-            raise ValueError(f"indices are on {indices.device} but the sketch is on {self.device}")
-        indices = indices.long()
-        if indices.numel():
-            low, high = (int(v) for v in torch.aminmax(indices))
-            if low < 0 or high >= self.d:
-                raise ValueError(f"indices must be in [0, d={self.d}); got range [{low}, {high}]")
-        return indices
 
 
 def _keep_largest(

@@ -19,7 +19,7 @@ from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments import runner
 from experiments.cli import main as fedsketch_main
 from experiments.deploy import Deployment, LocalFederation, node_settings
-from experiments.launch import stop_group
+from experiments.flower_procs import stop_group
 from experiments.pki import make_node_keys
 from fedsketch.config import RunConfig
 

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key, load_ssh_public_key
 
 from experiments import procs
-from experiments.launch import free_port
+from experiments.flower_procs import free_port
 from experiments.procs import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,8 @@ from test_simulation_backend import TINY
 
 from experiments import procs
 from experiments.cli import main as fedsketch_main
-from experiments.launch import cpus_per_node, free_port
+from experiments.flower_procs import free_port
+from experiments.launch import cpus_per_node
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 CLUSTER_TAG = "FEDSKETCH_RAY_CLUSTER"

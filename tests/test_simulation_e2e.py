@@ -14,7 +14,7 @@ import pytest
 from clients.messages import client_metrics, payload_to_record, wire_bytes
 from experiments import procs
 from experiments.cli import main as fedsketch_main
-from experiments.launch import free_port, stop_pid_group
+from experiments.flower_procs import free_port, stop_pid_group
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
