@@ -11,7 +11,7 @@ and their chunks), which is what goes on the wire. Flower sends an object once
 per id, so identical arrays in one record, or identical chunks of one array,
 are sent and counted once (only arrays over Flower's 5 MB chunk size can have
 identical chunks). An array's and a chunk's length are worked out from their
-sizes, without the SHA-256 that naming them costs (docs/simulation.md).
+sizes, without the SHA-256 that naming them costs (docs/changelog.md).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class Records:
     Python's cyclic collector next runs. Reading a reply per client through them
     was quadratic in the node's clients; reading it once through them let a
     round's replies outlive the round (the simulation process 1.5-1.8 GB
-    instead of 1.0 GB on the peer job, docs/simulation.md). These dicts hold no cycle.
+    instead of 1.0 GB on the peer job, docs/changelog.md). These dicts hold no cycle.
     """
 
     arrays: dict[str, ArrayRecord]
