@@ -35,14 +35,19 @@ from experiments.plots import BytesFormatter, BytesLocator, curve
 from experiments.results import RunGroup, Spread, collect_groups, format_bytes, format_spread
 
 CELL = re.compile(r"participation-(?P<model>[a-z0-9_]+)-p(?P<times>\d+)(?:-(?P<variant>[a-z0-9]+))?")
-VARIANTS = {"init": "downloads from the initial model"}
+VARIANTS = {"init": "downloads from the initial model", "matched": "local top-k at FetchSGD's upload"}
 """What a cell's name suffix means (``participation-text-p1-init``: ``download-from-init`` on)."""
+JOINED = {"matched"}
+"""Variants whose runs are compared with their base cell's (``participation-text-p1-matched``: local top-k at
+a larger k, beside every method of ``participation-text-p1``); their groups are labelled with the variant."""
 NAMES = {
     "fetchsgd": "FetchSGD",
     "local_topk errorclient": "local top-k, client error",
     "local_topk errornone": "local top-k, stateless",
     "true_topk": "true top-k",
     "fedavg": "FedAvg",
+    "local_topk errorclient matched": "local top-k, client error, FetchSGD's upload",
+    "local_topk errornone matched": "local top-k, stateless, FetchSGD's upload",
 }
 """Display names of the run groups the participation configs write; others keep their label."""
 
@@ -71,7 +76,7 @@ def collect(root: Path) -> list[Cell]:
     FileNotFoundError
         If ``root`` holds no such experiment with metrics.
     """
-    cells = []
+    found: dict[tuple[str, int, str], tuple[RunGroup, ...]] = {}
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         match = CELL.fullmatch(folder.name)
         if match and folder.is_dir():
@@ -80,9 +85,13 @@ def collect(root: Path) -> list[Cell]:
             except FileNotFoundError:
                 print(f"note: {folder.name} has no metrics yet; left out", file=sys.stderr)
                 continue
-            groups = _finished(groups)
-            variant = match["variant"] or ""
-            cells.append(Cell(match["model"], int(match["times"]), compare(groups, NAMES), groups, variant))
+            found[match["model"], int(match["times"]), match["variant"] or ""] = _finished(groups)
+    cells = []
+    for (model, times, variant), groups in found.items():
+        if variant in JOINED:
+            base = found.get((model, times, ""), ())
+            groups = base + tuple(replace(g, point=f"{g.point} {variant}".strip()) for g in groups)
+        cells.append(Cell(model, times, compare(groups, NAMES), groups, variant))
     if not cells:
         raise FileNotFoundError(f"no participation-<model>-p<times> experiment under {root}")
     return sorted(cells, key=lambda c: (c.model, c.variant, c.times))

@@ -59,3 +59,17 @@ def test_a_seed_still_running_is_left_out(runs: Path) -> None:
     write_seed(runs / "participation-text-p1" / "fetchsgd" / "seed2", "fetchsgd", 2, [(50, 50, 0.1)])  # round 5 of 15
     fetch = participation.collect(runs)[0].comparison.entries[0]
     assert fetch.name == "FetchSGD" and fetch.seeds == 2
+
+
+def test_a_joined_variant_is_compared_beside_its_base_cell(runs: Path) -> None:
+    """``-matched`` runs (local top-k at a larger k) join every method of their base cell, labelled apart."""
+    write_seed(runs / "participation-text-p1-matched" / "local_topk" / "errornone", "local_topk", 0, [(200, 200, 0.95)])
+    cells = participation.collect(runs)
+    joined = next(c for c in cells if c.variant == "matched")
+    assert [e.name for e in joined.comparison.entries] == [
+        "FetchSGD",
+        "local top-k, stateless",
+        "local top-k, stateless, FetchSGD's upload",
+    ]
+    assert joined.comparison.target == pytest.approx(0.9 * 0.95)  # the joined run sets the cell's target
+    assert next(c for c in cells if c.variant == "" and c.times == 1).comparison.target < joined.comparison.target
