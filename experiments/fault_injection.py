@@ -106,8 +106,8 @@ FAULTS: tuple[Fault, ...] = (
     _fault(
         "e-exchange-upload",
         "strategies/strategy.py",
-        "self.count_replies(got)\n        return got.updates",
-        "self.count_failures(got)\n        return got.updates",
+        "records.count_replies(self.books, got)\n        return got.updates",
+        "records.count_failures(self.books, got)\n        return got.updates",
         ROUND,
         "the second exchange's upload is not counted",
     ),

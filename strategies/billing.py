@@ -80,6 +80,38 @@ def node_request(
     return content
 
 
+def round_requests(
+    books: Books,
+    cfg: RunConfig,
+    plan: RoundPlan,
+    model: ArrayRecord,
+    weights: torch.Tensor,
+    configs: Mapping[int, dict[str, Any]],
+    extras: Mapping[int, ArrayRecord],
+    stateful: bool,
+) -> dict[int, RecordDict]:
+    """One message per node, every client billed; ``configs`` per node, ``extras`` per client.
+
+    One client per node: each message is billed as sent (:func:`node_request`).
+    A cohort per message: each client what a message to it alone would carry.
+    Either way ``download_sent`` counts what the messages serialize.
+    """
+    for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in plan.targets(books).items()}
+    if cfg.client_assignment == "node":
+        contents = {
+            node: node_request(books, cfg, plan, node, model, weights, configs[node], for_node[node])
+            for node in plan.sent
+        }
+    else:
+        count_download(books, cfg, plan, model, weights, stateful)
+        requests(books, extras)
+        contents = {
+            node: messages.train_request(model, configs[node], cids, for_node[node]) for node, cids in plan.sent.items()
+        }
+    books.add("download_sent", sum(messages.wire_bytes(c) for c in contents.values()))
+    return contents
+
+
 def second_exchange(
     books: Books, cfg: RunConfig, plan: RoundPlan, updates: list[ClientUpdate], query: Payload
 ) -> tuple[dict[int, list[int]], list[Message]]:

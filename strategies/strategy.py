@@ -39,7 +39,7 @@ from fedsketch.flat import get_flat, set_flat
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
 from fedsketch.privacy import privacy_metrics
-from strategies import billing, guard, plan, resume, secure
+from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, spec_bytes
 from strategies.replies import RoundReplies, collect, exchange
 
@@ -100,29 +100,8 @@ class FedSketchStrategy(Strategy):
             c: messages.payload_to_record(x)
             for c, x in self.method.requests(self.state, wanted, self.cfg, self.d).items()
         }
-        for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in targets.items()}
-        if self.cfg.client_assignment == "node":  # one client per message: it is billed as sent
-            contents = {
-                node: billing.node_request(
-                    self.books,
-                    self.cfg,
-                    p,
-                    node,
-                    arrays,
-                    self.weights,
-                    self._node_config(p, targets[node]),
-                    for_node[node],
-                )
-                for node in p.sent
-            }
-        else:  # a cohort per message: each client is billed what a message to it alone would carry
-            billing.count_download(self.books, self.cfg, p, arrays, self.weights, self.stateful)
-            billing.requests(self.books, extras)
-            contents = {
-                node: messages.train_request(arrays, self._node_config(p, targets[node]), cids, for_node[node])
-                for node, cids in p.sent.items()
-            }
-        self.books.add("download_sent", sum(messages.wire_bytes(c) for c in contents.values()))
+        configs = {node: self._node_config(p, cids) for node, cids in targets.items()}
+        contents = billing.round_requests(self.books, self.cfg, p, arrays, self.weights, configs, extras, self.stateful)
         return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
 
     def _node_config(self, p: plan.RoundPlan, clients: list[int]) -> dict[str, Any]:
@@ -150,7 +129,7 @@ class FedSketchStrategy(Strategy):
         limits = self.reply_limits(layout, p.echo)
         got = collect(replies, p.sent, layout, limits, self.method.diagnostic(self.cfg, self.d), self.requested)
         self.books.node_cid.update({u.node: u.cid for u in got.updates})
-        self.count_replies(got)
+        records.count_replies(self.books, got)
         self.books.add("clients", len(got.updates))
         self.books.add("dense", self.dense_bytes * len(got.updates))
         return self.finish_round(server_round, got, len(got.updates))
@@ -225,7 +204,7 @@ class FedSketchStrategy(Strategy):
             self.max_examples,
             self.cfg.round_timeout,
         )
-        self.count_failures(done.replies)
+        records.count_failures(self.books, done.replies)
         if done.refused:
             self.skip(server_round, done.replies, f"secure aggregation gave no usable sum: {done.refused}", 0)
         else:
@@ -303,22 +282,6 @@ class FedSketchStrategy(Strategy):
             max_bytes, max_arrays = spec_bytes(list(layout.values())), len(layout)
         return ReplyLimits(self.max_examples, max_bytes, max_arrays, echo, self.cfg.num_clients)
 
-    def count_replies(self, got: RoundReplies) -> None:
-        """Bill what the replies carried, and count who failed and how."""
-        self.books.add("upload", got.upload_bytes)
-        self.books.add("diagnostic", got.diagnostic_bytes)
-        self.count_failures(got)
-
-    def count_failures(self, got: RoundReplies) -> None:
-        """Count the clients that were asked and did not contribute, by kind."""
-        for key, amount in (
-            ("failures", got.failed),
-            ("timeouts", got.timeouts),
-            ("client_errors", got.errors),
-            ("rejected", got.rejected),
-        ):
-            self.books.add(key, amount)
-
     def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
         the round ended (before its evaluation, if it has one)."""
@@ -327,21 +290,8 @@ class FedSketchStrategy(Strategy):
             download.mark_synced(self.books.ledger, [u.cid for u in got.updates], server_round)
         if self.out_dir is None or self.plan is None:
             return
-        row = {
-            "round": server_round,
-            "sampled": self.plan.sampled(),
-            "clients": contributors,
-            "timeouts": got.timeouts,
-            "client_errors": got.errors,
-            "rejected": got.rejected,
-            "applied": skipped is None,
-            "reason": skipped or "",
-            "unix_time": round(time.time(), 3),
-        }
-        if got.failures:  # the first reason, so the command can say why without reading flower.log
-            cid, why = next(iter(got.failures.items()))
-            row["first_failure"] = f"client {cid}: {why}"
-        runlog.append_metrics(self.out_dir, row, runlog.ROUNDS)
+        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors)
+        runlog.append_metrics(self.out_dir, line, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:
         """Evaluate the model and append one row to ``metrics.jsonl``."""
@@ -374,5 +324,5 @@ class FedSketchStrategy(Strategy):
         sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query.payload)
         replies, requested = exchange(p.grid, requests, self.cfg.round_timeout)
         got = collect(replies, sent, query.layout, self.reply_limits(query.layout, {}), requested=requested)
-        self.count_replies(got)
+        records.count_replies(self.books, got)
         return got.updates
