@@ -70,7 +70,7 @@ def _store(cfg: RunConfig, context: Context) -> ContextStates | DiskStates:
 
 def _settled(request: messages.Request, cids: list[int]) -> dict[int, int]:
     """Per client, the last round the server applied its upload (as the request says; absent: unknown)."""
-    rounds = [int(r) for r in request.config.get(wire.SETTLED, [])]  # type: ignore[union-attr]
+    rounds = wire.config_ints(request.config, wire.SETTLED)
     return {cid: r for cid, r in zip(cids, rounds) if r >= 0}
 
 

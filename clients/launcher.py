@@ -49,10 +49,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from clients.forked import limit_malloc_arenas, run_supernode, run_task
 from clients.joining import Joining, exit_hint, superlink_of, wait_joined
+
+if TYPE_CHECKING:
+    from flwr.supercore.runtime import RuntimeHttpClient
 
 # What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
 DEFAULT_PRELOAD = (
@@ -170,7 +173,7 @@ class Launcher:
             time.sleep(0.05)
         self._reap()
 
-    def _runtime_client(self):  # type: ignore[no-untyped-def]  # flwr's client class is untyped
+    def _runtime_client(self) -> RuntimeHttpClient:
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
@@ -185,7 +188,7 @@ class Launcher:
             retry_invoker=retry,
         )
 
-    def _acquire(self, client) -> str | None:  # type: ignore[no-untyped-def]
+    def _acquire(self, client: RuntimeHttpClient) -> str | None:
         import httpx
         from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
         from flwr.supercore.constant import TaskType

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.message import make_message  # Message with given metadata (its typed signatures do not take it)
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE as MAX_CHUNK
 from flwr.supercore.constant import HEAD_BODY_DIVIDER, HEAD_VALUE_DIVIDER
 
@@ -126,14 +127,16 @@ def copy_content(content: RecordDict) -> RecordDict:
             out[key] = ArrayRecord(
                 {n: Array(a.dtype, tuple(a.shape), a.stype, bytes(a.data)) for n, a in record.items()}
             )
+        elif isinstance(record, MetricRecord):
+            out[key] = MetricRecord(copy.deepcopy(dict(record)))
         else:
-            out[key] = type(record)(copy.deepcopy(dict(record)))  # type: ignore[arg-type]
+            out[key] = ConfigRecord(copy.deepcopy(dict(record)))
     return out
 
 
 def delivered(msg: Message) -> Message:
     """The message as its receiver gets it: a copy (a receiver that changes it must not change the sender's)."""
-    return Message(content=copy_content(msg.content), metadata=copy.deepcopy(msg.metadata))  # type: ignore[call-overload]
+    return make_message(copy.deepcopy(msg.metadata), copy_content(msg.content))
 
 
 def record_to_payload(record: ArrayRecord) -> Payload:
@@ -183,7 +186,7 @@ class Request:
 
     server_round: int
     cids: list[int]  # empty: the node is one client, its own partition (deployment)
-    config: Mapping[str, Any]
+    config: Mapping[str, object]
     phase: int = 1
     weights: np.ndarray | None = None  # phase 1: the global model
     query: Payload | None = None  # phase 2: the query
@@ -240,29 +243,30 @@ def read_request(content: RecordDict) -> Request:
     Raises
     ------
     ValueError
-        If the request has no config, or its phase's model or query is missing.
+        If the request has no config, a config value the request needs is missing or of the wrong type, or its
+        phase's model or query is missing.
     """
     found = records_of(content)
     if wire.CONFIG_KEY not in found.configs:
         raise ValueError(f"request has no '{wire.CONFIG_KEY}' record")
     config = dict(found.configs[wire.CONFIG_KEY])
-    cids = [int(c) for c in config.get(wire.CIDS, [])]  # type: ignore[union-attr]
-    phase = int(config.get(wire.PHASE, 1))  # type: ignore[arg-type]
+    server_round, cids = wire.config_int(config, wire.ROUND), wire.config_ints(config, wire.CIDS)
+    phase = wire.config_int(config, wire.PHASE, 1)
     records = found.arrays
     extras = {cid: record_to_payload(records[key]) for key in records if (cid := wire.request_cid(key)) is not None}
     if phase == 2:
         if wire.QUERY_KEY not in records:
             raise ValueError(f"second-exchange request has no '{wire.QUERY_KEY}' record")
         query = record_to_payload(records[wire.QUERY_KEY])
-        return Request(int(config[wire.ROUND]), cids, config, phase, query=query, extras=extras)  # type: ignore[arg-type]
+        return Request(server_round, cids, config, phase, query=query, extras=extras)
     if wire.CATCH_UP_KEY in records:
         catch_up = record_to_payload(records[wire.CATCH_UP_KEY])
-        base = int(config.get(wire.BASE_ROUND, 0))  # type: ignore[arg-type]
-        return Request(int(config[wire.ROUND]), cids, config, phase, extras=extras, catch_up=catch_up, base_round=base)  # type: ignore[arg-type]
+        base = wire.config_int(config, wire.BASE_ROUND, 0)
+        return Request(server_round, cids, config, phase, extras=extras, catch_up=catch_up, base_round=base)
     if wire.MODEL_KEY not in records or wire.WEIGHTS not in records[wire.MODEL_KEY]:
         raise ValueError(f"request has no '{wire.MODEL_KEY}' record with array '{wire.WEIGHTS}'")
     weights = records[wire.MODEL_KEY][wire.WEIGHTS].numpy()
-    return Request(int(config[wire.ROUND]), cids, config, phase, weights=weights, extras=extras)  # type: ignore[arg-type]
+    return Request(server_round, cids, config, phase, weights=weights, extras=extras)
 
 
 # -------------------------------------------------------------------------------------------- replies

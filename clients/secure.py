@@ -57,15 +57,15 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
     found = records_of(msg.content)
     config, record = found.configs[FITINS_CONFIG], found.arrays[FITINS_PARAMETERS]
     weights = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))[0]
-    cids = [int(c) for c in config.get(wire.CIDS, [])] or [int(context.node_config["partition-id"])]  # type: ignore[union-attr]
-    round_config = received_round_config(cfg, config)
-    jobs = [ClientJob(cid, int(config[wire.ROUND]), round_config) for cid in cids]  # type: ignore[arg-type]
+    cids = wire.config_ints(config, wire.CIDS) or [int(context.node_config["partition-id"])]
+    round_config, server_round = received_round_config(cfg, config), wire.config_int(config, wire.ROUND)
+    jobs = [ClientJob(cid, server_round, round_config) for cid in cids]
     outcomes = run_cohort(cfg, weights, jobs)
     done = [out for out in outcomes if out.payload is not None]
     if not done:
         raise RuntimeError(f"no client of this node produced an update: {[o.error for o in outcomes][:3]}")
     total = sum(out.num_examples for out in done)
-    names = sorted(done[0].payload)  # type: ignore[arg-type]
+    names = sorted(done[0].payload or {})  # every outcome in done has a payload
     clipped = [_clipped(out, cfg, weights.size) for out in done]
     examples = [out.num_examples for out in done]
     mean = [weighted_mean([c[name] for c in clipped], examples).numpy() for name in names]

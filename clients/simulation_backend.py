@@ -49,6 +49,7 @@ from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
 
 from clients import SIM_BACKEND_ENV
 from clients.messages import delivered
+from fedsketch import wire
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """Where Flower's ``start_vce`` (1.41, 1.42) imports its backend from."""
@@ -78,7 +79,7 @@ class InProcessBackend(Backend):
 
     def __init__(self, backend_config: BackendConfig) -> None:
         super().__init__(backend_config)
-        num_cpus = float(backend_config.get("client_resources", {}).get("num_cpus", 1) or 1)  # type: ignore[arg-type]
+        num_cpus = wire.config_float(backend_config.get("client_resources", {}), "num_cpus", 1.0) or 1.0
         self.workers = worker_count(num_cpus)
         self.app: ClientApp | None = None
         self.threads = max(1, len(os.sched_getaffinity(0)) // self.workers)
@@ -165,7 +166,7 @@ def pick_up_sooner(vce_api: types.ModuleType) -> bool:
     if engine_loop is None or list(inspect.signature(engine_loop).parameters) != PICKUP_PARAMETERS:
         log(WARNING, "fedsketch: Flower's simulation engine changed; its message pick-up keeps its own 0.1 s wait")
         return False
-    vce_api.add_messages_to_queue = add_messages_to_queue  # type: ignore[attr-defined]
+    vce_api.add_messages_to_queue = add_messages_to_queue  # type: ignore[attr-defined]  # ModuleType declares none
     return True
 
 
@@ -185,7 +186,7 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
             RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see clients/simulation_backend.py)"
         )
         sys.modules[RAY_MODULE] = module
-    module.RayBackend = InProcessBackend  # type: ignore[attr-defined]
+    module.RayBackend = InProcessBackend  # type: ignore[attr-defined]  # ModuleType declares none
     from flwr.server.superlink.fleet.vce import vce_api
 
     pick_up_sooner(vce_api)

@@ -13,10 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedsketch.data import DataSpec, partition_labels
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner  # flwr-datasets ships no type information: Any to mypy
 
 
 def _ours(labels: np.ndarray, spec: DataSpec) -> tuple[float, int]:
@@ -29,13 +33,13 @@ def _ours(labels: np.ndarray, spec: DataSpec) -> tuple[float, int]:
     return best, assigned
 
 
-def _flwr(labels: np.ndarray, make: Callable[[], object], clients: int) -> tuple[float, int]:
+def _flwr(labels: np.ndarray, make: Callable[[], Partitioner], clients: int) -> tuple[float, int]:
     from datasets import Dataset
 
     partitioner = make()
-    partitioner.dataset = Dataset.from_dict({"label": labels})  # type: ignore[attr-defined]
+    partitioner.dataset = Dataset.from_dict({"label": labels})
     start = time.perf_counter()
-    load = partitioner.load_partition  # type: ignore[attr-defined]
+    load = partitioner.load_partition
     assigned = sum(len(load(i)) for i in range(clients))
     return time.perf_counter() - start, assigned
 

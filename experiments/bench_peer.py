@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Literal, NotRequired, TypedDict
 
 import numpy as np
 
@@ -81,6 +82,20 @@ JOB = {
 }
 FETCHSGD = {"sketch-rows": 3, "sketch-cols": 30000, "k": 10000, "momentum": 0.9, "lr": 1.0}
 """FetchSGD's settings on the same clients: a 3 x 30,000 sketch (3.3x smaller than the update), top 10,000."""
+
+
+Measure = Literal["round_s", "total_s", "first_round_s", "peak_mb"]
+
+
+class Run(TypedDict):
+    """One run of one side: seconds a round (median), the whole command, until round 1 ended; memory; accuracy."""
+
+    round_s: float
+    total_s: float
+    first_round_s: float
+    peak_mb: float
+    accuracy: float
+    tree: NotRequired[TreeSampler]  # its process tree's memory, by kind of process (for --breakdown)
 
 
 def build_job(folder: Path) -> Path:
@@ -138,7 +153,7 @@ def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, floa
     return start, time.time() - start, tree
 
 
-def run_pfl(python: str, job: Path, folder: Path) -> dict[str, object]:
+def run_pfl(python: str, job: Path, folder: Path) -> Run:
     """One pfl run: per-round times from its own clock."""
     cmd = [
         python,
@@ -163,7 +178,7 @@ def run_pfl(python: str, job: Path, folder: Path) -> dict[str, object]:
 
 def run_fedsketch(
     experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR, backend: str | None = None
-) -> dict[str, object]:
+) -> Run:
     """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
     out_dir = folder / "runs"
     cmd = [
@@ -186,21 +201,29 @@ def run_fedsketch(
     return _row(start, wall, tree, [float(r["unix_time"]) for r in rows], float(rows[-1]["test_accuracy"]))
 
 
-def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accuracy: float) -> dict[str, object]:
-    return {**round_times(ends, start), "total_s": wall, "peak_mb": tree.peak_mb, "accuracy": accuracy, "tree": tree}
+def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accuracy: float) -> Run:
+    times = round_times(ends, start)
+    return Run(
+        round_s=times["round_s"],
+        total_s=wall,
+        first_round_s=times["first_round_s"],
+        peak_mb=tree.peak_mb,
+        accuracy=accuracy,
+        tree=tree,
+    )
 
 
-RATIO_KEYS = ("round_s", "total_s", "peak_mb")
+RATIO_KEYS: tuple[Measure, ...] = ("round_s", "total_s", "peak_mb")
 
 
-def print_table(results: dict[str, list[dict[str, object]]]) -> None:
+def print_table(results: dict[str, list[Run]]) -> None:
     """Medians over runs, and each run's ratio to the pfl run of the same round of the alternation."""
     print("| | seconds a round (median) | whole command | round 1 done after | peak PSS, whole tree | final accuracy |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    keys = ("round_s", "total_s", "first_round_s", "peak_mb")
+    keys: tuple[Measure, ...] = ("round_s", "total_s", "first_round_s", "peak_mb")
     for name, runs in results.items():
-        med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}  # type: ignore[arg-type]
-        accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})  # type: ignore[arg-type]
+        med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}
+        accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})
         print(
             f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
             f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |"
@@ -224,14 +247,14 @@ def print_table(results: dict[str, list[dict[str, object]]]) -> None:
         )
 
 
-def _ratios(runs: list[dict[str, object]], against: list[dict[str, object]], key: str) -> str:
+def _ratios(runs: list[Run], against: list[Run], key: Measure) -> str:
     """``median (min-max): r1, r2, ...`` of each run's ``key`` over the run of ``against`` beside it."""
-    ratios = [float(r[key]) / float(a[key]) for r, a in zip(runs, against, strict=True)]  # type: ignore[arg-type]
+    ratios = [float(r[key]) / float(a[key]) for r, a in zip(runs, against, strict=True)]
     each = ", ".join(f"{x:.2f}" for x in ratios)
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}): {each}"
 
 
-def print_breakdown(results: dict[str, list[dict[str, object]]]) -> None:
+def print_breakdown(results: dict[str, list[Run]]) -> None:
     """PSS by kind of process at the tree's peak, and when each kind first appeared (last run of each side)."""
     for name, runs in results.items():
         tree = runs[-1]["tree"]
@@ -275,7 +298,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         folder = Path(tmp)
         job = build_job(folder)
-        sides: dict[str, Callable[[Path], dict[str, object]]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
+        sides: dict[str, Callable[[Path], Run]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
         fedavg = write_experiment(folder, job, "fedavg")
         for backend, n in itertools.product(args.backends, args.supernodes):
             name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"
@@ -285,7 +308,7 @@ def main() -> None:
             n, backend = args.supernodes[0], args.backends[0]
             name = f"fedsketch FetchSGD ({n} nodes{f', {backend}' if backend else ''})"
             sides[name] = partial(run_fedsketch, fetch, n, checkout=args.checkout, backend=backend)
-        results: dict[str, list[dict[str, object]]] = {name: [] for name in sides}
+        results: dict[str, list[Run]] = {name: [] for name in sides}
         for i in range(args.runs):
             for k, (name, side) in enumerate(sides.items()):
                 run_folder = folder / f"run{i}-{k}"

@@ -48,7 +48,7 @@ from pfl.callback.central_evaluation import CentralEvaluationCallback
 from pfl.data.dataset import Dataset
 from pfl.data.federated_dataset import FederatedDataset
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
-from pfl.metrics import Weighted
+from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
 from torch import nn
 from torch.nn import functional as F
@@ -115,7 +115,9 @@ class RoundClock(TrainingProcessCallback):
         self.accuracy: list[float] = []
         self.loss: list[float] = []
 
-    def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):  # type: ignore[no-untyped-def]
+    def after_central_iteration(
+        self, aggregate_metrics: Metrics, model: PyTorchModel, *, central_iteration: int
+    ) -> tuple[bool, Metrics]:
         self.ends.append(time.time())
         values = {str(name): float(getattr(value, "overall_value", value)) for name, value in aggregate_metrics}
         self.accuracy.append(values.get("Central val | accuracy", float("nan")))

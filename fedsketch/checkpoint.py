@@ -191,7 +191,7 @@ def state_from_tree(template: object, tree: object, where: str = "state") -> obj
         if not isinstance(tree, dict) or sorted(tree) != sorted(names):
             raise CheckpointError(f"checkpoint {where} has fields {_keys(tree)}; this run's has {sorted(names)}")
         values = {name: state_from_tree(getattr(template, name), tree[name], f"{where}.{name}") for name in names}
-        return dataclasses.replace(template, **values)  # type: ignore[type-var]
+        return dataclasses.replace(template, **values)
     if isinstance(template, Mapping):  # keys vary between runs (e.g. per client): check the values' kind
         if not isinstance(tree, dict) or not all(isinstance(v, torch.Tensor) for v in tree.values()):
             raise CheckpointError(f"checkpoint {where} is not a mapping of tensors")

@@ -120,5 +120,5 @@ class DiskStates:
         tmp = self.path(cid).with_suffix(f".{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             arrays = {name: t.detach().float().cpu().numpy() for name, t in state.items()}
-            np.savez(f, allow_pickle=False, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its flags
+            np.savez(f, allow_pickle=False, **arrays)
         os.replace(tmp, self.path(cid))

@@ -57,14 +57,14 @@ def load(key: str, value: str) -> Callable[..., Any]:
         raise ValueError(reason)
     module_name, _, attribute = value.partition(":")
     module = _import(key, module_name)
-    target: Any = module
+    target: object = module
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ValueError(f"setting '{key}': module {module_name!r} ({module.__file__}) has no {attribute!r}")
         target = getattr(target, part)
     if not callable(target):
         raise TypeError(f"setting '{key}': {value!r} is a {type(target).__name__}, not a function")
-    return target  # type: ignore[no-any-return]  # getattr's value, checked callable above
+    return target
 
 
 def code_root(value: str) -> Path | None:
@@ -112,7 +112,7 @@ def _unpickle(key: str, path: Path) -> Callable[..., Any]:
     if not path.is_file():
         raise ValueError(f"setting '{key}': no pickled builder at {path}")
     with path.open("rb") as f:
-        target = pickle.load(f)  # written by experiments.api with cloudpickle; plain pickle reads it
+        target: object = pickle.load(f)  # written by experiments.api with cloudpickle; plain pickle reads it
     if not callable(target):
         raise TypeError(f"setting '{key}': {path} holds a {type(target).__name__}, not a function")
-    return target  # type: ignore[no-any-return]
+    return target

@@ -50,7 +50,7 @@ class Setting(Generic[T]):
         value = coerce(self.key, value, self.kind)
         if self.choices and value not in self.choices:
             raise ConfigError(f"setting '{self.key}' must be one of {', '.join(map(str, self.choices))}; got {value!r}")
-        if self.maximum is not None and not self.minimum <= value <= self.maximum:  # type: ignore[operator]
+        if self.maximum is not None and not self.minimum <= value <= self.maximum:
             raise ConfigError(f"setting '{self.key}' must be in {self.minimum}..{self.maximum}; got {value}")
         if self.minimum is not None and value < self.minimum:
             raise ConfigError(f"setting '{self.key}' must be >= {self.minimum}; got {value}")

@@ -32,9 +32,14 @@ rounds (error feedback) keeps it in its node's ``Context.state`` under
 
 A payload is a ``dict[str, numpy.ndarray]`` of plain arrays. Nothing here knows
 Flower: :mod:`clients.messages` turns these names into records for both sides.
+A config's values are read with :func:`config_int`, :func:`config_ints` and
+:func:`config_float`, which check the value's type and name the key of a wrong one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeGuard
 
 MODEL_KEY = "model"
 CATCH_UP_KEY = "catch-up"  # instead of the model: the coordinates changed since BASE_ROUND (a device that kept it)
@@ -68,6 +73,64 @@ NEW_CLIENT = -1
 """The id of a client the server cannot name yet. With one client per node (deployment) a node's client is its
 ``partition-id``, which the server learns from the node's first reply; until then what a method sends a client it
 has not heard from travels under ``request.new``, and the node's client takes it as its own."""
+
+
+def config_int(config: Mapping[str, object], key: str, default: int | None = None) -> int:
+    """``config[key]``, an int (``default`` where the key is absent).
+
+    Raises
+    ------
+    ValueError
+        Naming the key, if it is absent and there is no default, or holds anything but an int.
+    """
+    value = config.get(key, default)
+    if value is None:
+        raise ValueError(f"config has no '{key}'")
+    if not _is_int(value):
+        raise ValueError(f"config '{key}' must be an int; got {_shown(value)}")
+    return int(value)
+
+
+def config_ints(config: Mapping[str, object], key: str) -> list[int]:
+    """``config[key]``, a list of ints (``[]`` where the key is absent).
+
+    Raises
+    ------
+    ValueError
+        Naming the key, if it holds anything but a list of ints.
+    """
+    value = config.get(key, [])
+    if not isinstance(value, list) or not all(map(_is_int, value)):
+        raise ValueError(f"config '{key}' must be a list of ints; got {_shown(value)}")
+    return [int(v) for v in value]
+
+
+def config_float(config: Mapping[str, object], key: str, default: float) -> float:
+    """``config[key]``, a number (``default`` where the key is absent or None).
+
+    Raises
+    ------
+    ValueError
+        Naming the key, if it holds anything but an int or a float.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise ValueError(f"config '{key}' must be a number; got {_shown(value)}")
+    return float(value)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)  # a bool is no count, round or client id
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} {repr(value)[:60]}"
 
 
 def update_key(cid: int) -> str:

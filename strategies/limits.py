@@ -161,7 +161,7 @@ def decode_all(decoder: Callable[[dict[str, np.ndarray]], object], payload: dict
         Naming the arrays that were sent but not read.
     """
     view = _Reads(payload)
-    decoded = decoder(view)  # type: ignore[arg-type]
+    decoded = decoder(view)  # type: ignore[arg-type]  # PayloadCheck says dict; decoders only read, as a Mapping
     unread = sorted(set(payload) - view.read)
     if unread:
         raise ValueError(f"payload has arrays {unread[:8]} that are not part of the method's layout")

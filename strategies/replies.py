@@ -118,7 +118,7 @@ def collect(
         if msg.has_error():
             reason = f"node {node} error: {msg.error.reason}"
             log(WARNING, "%s", reason[:300])
-            for cid in asked or [None]:  # type: ignore[list-item]
+            for cid in _each_client(asked):
                 out.fail(cid, "errors", reason)
             continue
         found = records_of(msg.content)  # once per reply: a node's reply carries its whole cohort
@@ -132,12 +132,17 @@ def collect(
         _collect_content(found, node, asked, spec, limits, out, diagnostic)
     for node, cids in sent.items():
         if node not in answered:
-            for cid in cids or [None]:  # type: ignore[list-item]
+            for cid in _each_client(cids):
                 out.fail(cid, "timeouts", f"node {node} did not reply in time")
     for cid, reason in out.failures.items():
         log(WARNING, "client %d rejected: %s", cid, reason)
     out.updates.sort(key=lambda u: u.cid)
     return out
+
+
+def _each_client(cids: list[int]) -> list[int | None]:
+    """The clients a node was asked for; one unnamed (``None``) for a node that is one client, not named yet."""
+    return [*cids] or [None]
 
 
 def _cids_in(found: Records) -> list[int]:

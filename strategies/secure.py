@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -47,11 +48,12 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
 from clients.messages import wire_bytes
 from fedsketch import wire
 from fedsketch.books import Books
-from fedsketch.methods import ClientUpdate, PayloadSpec
+from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import Layout
 from strategies import waiting
 from strategies.plan import RoundPlan
@@ -61,10 +63,11 @@ CLIPPING_RANGE = 8.0  # Flower's default: a node's weighted values must lie in [
 QUANTIZATION_RANGE = 2**22
 
 
-class CountingGrid:
+class CountingGrid(Grid):
     """A grid that counts the serialized bytes of every message it sends and receives.
 
-    Its ``send_and_receive`` (the one the workflow calls) waits on :mod:`strategies.waiting`'s schedule.
+    Its ``send_and_receive`` (the one the workflow calls) waits on :mod:`strategies.waiting`'s schedule;
+    everything else is the wrapped grid's.
     """
 
     def __init__(self, grid: Grid) -> None:
@@ -72,6 +75,30 @@ class CountingGrid:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.grid, name)
+
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)
@@ -131,9 +158,12 @@ def secure_mean(
     """
     model = ndarrays_to_parameters([np.ascontiguousarray(weights, dtype=np.float32)])
     # The legacy type says scalars; the ConfigRecord it becomes on the wire holds the list of cids as well.
-    requests = {node: FitIns(model, {**config, wire.CIDS: cids}) for node, cids in sent.items()}  # type: ignore[dict-item]
+    requests = {
+        node: FitIns(model, {**config, wire.CIDS: cids})  # type: ignore[dict-item]  # legacy Config: scalars only
+        for node, cids in sent.items()
+    }
     counting = CountingGrid(grid)
-    bridge = Bridge(requests, counting)  # type: ignore[arg-type]
+    bridge = Bridge(requests, counting)
     context = LegacyContext(
         Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}), strategy=bridge
     )
@@ -147,7 +177,7 @@ def secure_mean(
         quantization_range=QUANTIZATION_RANGE,
         timeout=timeout,
     )
-    workflow(counting, context)  # type: ignore[arg-type]
+    workflow(counting, context)
     return bridge, counting
 
 
@@ -189,7 +219,7 @@ def secure_round(
     got.timeouts = sum(max(1, len(c)) for node, c in p.sent.items() if node not in answered)
     got.errors = sum(int(res.metrics.get("failed", 0)) for res in answered.values())
     contributors = sum(int(res.metrics.get("clients", 0)) for res in answered.values())
-    payload, why = checked_mean(bridge.mean, layout)  # type: ignore[arg-type]
+    payload, why = checked_mean(bridge.mean, layout)
     if payload is None:
         got.rejected = contributors
         return SecureRound(got, contributors, why)
@@ -201,10 +231,12 @@ def secure_round(
     return SecureRound(got, contributors, "")
 
 
-def checked_mean(mean: list[np.ndarray] | None, spec: PayloadSpec) -> tuple[dict[str, np.ndarray] | None, str]:
-    """The unmasked mean as the method's payload, if it has the method's layout and is finite."""
+def checked_mean(mean: list[np.ndarray] | None, spec: Layout) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The unmasked mean as the method's payload, if it has the method's exact layout and is finite."""
     if mean is None:
         return None, "the protocol halted (too few nodes answered)"
+    if not isinstance(spec, dict):  # a decoder checks one client's encoding, not a sum of them
+        return None, "the method's layout is a decoder, not exact shapes: a sum cannot be checked against it"
     names = sorted(spec)
     if len(mean) != len(names) or any(arr.shape != spec[n][0] for n, arr in zip(names, mean)):
         return None, f"arrays of shapes {[a.shape for a in mean]}; expected {[spec[n][0] for n in names]}"

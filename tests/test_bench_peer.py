@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.bench_peer import print_table
+from experiments.bench_peer import Run, print_table
 
 
-def _run(round_s: float, total_s: float, peak_mb: float) -> dict[str, object]:
+def _run(round_s: float, total_s: float, peak_mb: float) -> Run:
     return {"round_s": round_s, "total_s": total_s, "first_round_s": 1.0, "peak_mb": peak_mb, "accuracy": 0.5}
 
 

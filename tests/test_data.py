@@ -5,12 +5,13 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 from fedsketch.data import (
     NORMALIZATION,
@@ -245,3 +246,17 @@ def test_mnist_t10k_without_the_files_names_the_folder(tmp_path: Path) -> None:
         load_federated(DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="iid"))
     with pytest.raises(FileNotFoundError, match="empty data root"):
         load_federated(DataSpec(dataset="mnist_t10k", partition="iid"))
+
+
+class _Stream(IterableDataset[tuple[torch.Tensor, int]]):
+    """A Dataset with no length: samples come one by one."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        return iter(zip(torch.randn(6, 2), range(6), strict=True))
+
+
+def test_an_iterable_dataset_is_refused_naming_the_split() -> None:
+    x, y = torch.randn(6, 2), torch.arange(6) % 2
+    spec = DataSpec(partition="iid", num_clients=2)
+    with pytest.raises(ValueError, match="^data: the train Dataset has no length"):
+        from_arrays(_Stream(), None, TensorDataset(x, y), None, spec, name="data")

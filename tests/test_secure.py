@@ -14,7 +14,7 @@ import torch
 from experiments.inprocess import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
-from strategies.secure import quantization_error
+from strategies.secure import checked_mean, quantization_error
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 
@@ -101,6 +101,17 @@ def test_a_round_the_protocol_cannot_run_is_not_applied_and_says_why(tmp_path: P
     record = json.loads(line)
     assert not record["applied"] and "protocol halted" in record["reason"] and record["clients"] == 0
     assert torch.equal(strat.weights, before)
+
+
+def test_a_sum_is_checked_against_an_exact_layout_only() -> None:
+    """A decoder checks one client's encoding; a sum of encodings is refused, with the reason, not decoded."""
+    mean = [np.ones(3)]
+    payload, why = checked_mean(mean, {"update": ((3,), np.dtype(np.float32))})
+    assert payload is not None and payload["update"].dtype == np.float32 and why == ""
+    assert checked_mean(mean, lambda p: p) == (
+        None,
+        "the method's layout is a decoder, not exact shapes: a sum cannot be checked against it",
+    )
 
 
 def test_secure_aggregation_is_refused_where_it_cannot_work() -> None:

@@ -82,12 +82,11 @@ def gaussiank_compressor(
     c.check_int("max_rounds", max_rounds, 1)
     if adjust not in gaussiank.ADJUST_RULES:
         raise ValueError(f"adjust must be one of {gaussiank.ADJUST_RULES}; got {adjust!r}")
-    options = {"k": k, "max_rounds": max_rounds, "adjust": adjust, "cap": cap, "varint": varint}
     return Compressor(
         "gaussiank",
         d,
         False,
-        lambda v, _: gaussiank.compress(v, **options),  # type: ignore[arg-type]
+        lambda v, _: gaussiank.compress(v, k=k, max_rounds=max_rounds, adjust=adjust, cap=cap, varint=varint),
         lambda p, _: gaussiank.decompress(p, d),
     )
 

@@ -8,6 +8,7 @@ never reloads or re-partitions.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,11 @@ def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, t
             raise ValueError(
                 f"{source}: labels come from the {split} Dataset's (sample, label) pairs; pass no y_{split}"
             )
-        pairs = [x[i] for i in range(len(x))]  # type: ignore[arg-type]  # a map-style Dataset has __len__
+        if not isinstance(x, Sized):  # bad data is a ValueError, reported in one line
+            raise ValueError(  # noqa: TRY004
+                f"{source}: the {split} Dataset has no length (an IterableDataset?); pass a map-style one"
+            )
+        pairs = [x[i] for i in range(len(x))]
         if not pairs:
             raise ValueError(f"{source}: the {split} Dataset is empty")
         x = torch.stack([torch.as_tensor(sample) for sample, _ in pairs])
