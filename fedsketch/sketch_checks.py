@@ -20,7 +20,7 @@ def int_arg(name: str, value: object, low: int = 1) -> int:
     """An int of at least ``low`` (numpy ints too; bool refused: ``True`` is not a size)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    number = operator.index(value)  # type: ignore[call-overload]
+    number = operator.index(value)
     if number < low:
         raise ValueError(f"{name} must be {'positive' if low == 1 else 'non-negative'}; got {number}")
     return number

@@ -157,7 +157,7 @@ class FedSketchStrategy(Strategy):
         )
 
     # ------------------------------------------------------------ the loop
-    def start(  # type: ignore[override]
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord | None = None,

@@ -18,6 +18,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from fedsketch import wire
 from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadCheck, PayloadSpec, Round, State
 from fedsketch.setting import ConfigError
 
@@ -71,7 +72,7 @@ def received_round_config(cfg: RunConfig, config: Mapping[str, object]) -> dict[
     server can refuse a reply made with other settings (a stale client).
     """
     keys = get_method(cfg.strategy).round_config(cfg)
-    return {key: int(config[key]) for key in keys if key in config}  # type: ignore[call-overload]
+    return {key: wire.config_int(config, key) for key in keys if key in config}
 
 
 __all__ = [
