@@ -16,9 +16,12 @@ import io
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+
+from fedsketch.methods.method import Layout
 
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned ints, floats: what payloads are made of
 MAX_HEADER = 4096  # an honest .npy header of a plain array is 128 bytes
@@ -166,3 +169,12 @@ def decode_all(decoder: Callable[[dict[str, np.ndarray]], object], payload: dict
     if unread:
         raise ValueError(f"payload has arrays {unread[:8]} that are not part of the method's layout")
     return decoded
+
+
+def for_layout(layout: Layout, echo: dict[str, Any], dense_bytes: int, max_examples: int, clients: int) -> ReplyLimits:
+    """What one client's reply may be: an exact layout bounds its own size; a decoder gets twice the dense model's."""
+    if callable(layout):
+        max_bytes, max_arrays = 2 * dense_bytes + 2**16, 16
+    else:
+        max_bytes, max_arrays = spec_bytes(list(layout.values())), len(layout)
+    return ReplyLimits(max_examples, max_bytes, max_arrays, echo, clients)

@@ -12,6 +12,7 @@ node (deployment) the server samples nodes and each names its own client.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -34,6 +35,13 @@ class RoundPlan:
     sent: dict[int, list[int]]  # node -> its logical clients ([]: the node's own client, deployment)
     config: dict[str, Any]  # what every message of the round carries besides the clients (lr included)
     echo: dict[str, Any]  # what every reply must repeat (the method's round settings)
+
+    def node_config(self, clients: list[int], applied: Mapping[int, int] | None) -> dict[str, Any]:
+        """The config of a message to ``clients``; where clients keep state (``applied``: the last round each
+        one's upload was applied), each one's settled round."""
+        if applied is None:
+            return self.config
+        return {**self.config, wire.SETTLED: [applied.get(cid, -1) for cid in clients]}
 
     def sampled(self) -> int:
         """Logical clients asked this round."""

@@ -1,11 +1,11 @@
 """Checkpoint and resume a run's server side (``checkpoint-every``).
 
-A checkpoint holds exactly the strategy's values: the weights, the method's
-state and the books (:class:`fedsketch.books.Books`), with the DP noise's and
-the global generators and how far the logs had got. The file format and its
-checks live in :mod:`fedsketch.checkpoint`. The strategy hands its values over
-as one frozen :class:`Saved` and takes back a :class:`Resumed`; this module
-never sees the strategy. Resuming is all or nothing: every piece is read and
+A checkpoint holds exactly the strategy's value
+(:class:`strategies.values.ServerValues`: the weights, the method's state, the
+books and the DP noise's generator state), with the global generators and how
+far the logs had got. The file format and its checks live in
+:mod:`fedsketch.checkpoint`. The strategy hands its value over and takes back a
+:class:`Resumed`; this module never sees the strategy. Resuming is all or nothing: every piece is read and
 checked before the first one is assigned. Methods whose clients keep state
 cannot checkpoint (the config check refuses them).
 """
@@ -17,24 +17,12 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.common.logger import log
 
 from fedsketch import checkpoint, runlog
-from fedsketch.books import Books
 from fedsketch.checkpoint import Checkpoint, CheckpointError
 from fedsketch.config import RunConfig
-from fedsketch.methods.method import ServerState
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What a checkpoint holds of the strategy, and what resuming gives it back."""
-
-    weights: torch.Tensor  # the model's flat weights
-    state: ServerState  # the method's state
-    books: Books  # the run's books
-    noise: torch.Tensor  # the DP noise generator's state (``torch.Generator.get_state()``)
+from strategies.values import ServerValues
 
 
 @dataclass(frozen=True)
@@ -43,15 +31,15 @@ class Resumed:
 
     first_round: int = 1
     elapsed: float = 0.0
-    saved: Saved | None = None
+    values: ServerValues | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # the ``metrics.jsonl`` rows already written
 
 
 def checkpoint_round(
-    cfg: RunConfig, out_dir: Path | None, server_round: int, num_rounds: int, elapsed: float, saved: Saved
+    cfg: RunConfig, out_dir: Path | None, num_rounds: int, elapsed: float, saved: ServerValues
 ) -> None:
-    """Save after every ``checkpoint-every``-th round and after the last one."""
-    every = cfg.checkpoint_every
+    """Save after every ``checkpoint-every``-th round and after the last one (``saved.server_round``)."""
+    server_round, every = saved.server_round, cfg.checkpoint_every
     if out_dir is None or not every or (server_round % every and server_round != num_rounds):
         return
     ckpt = Checkpoint(
@@ -67,7 +55,7 @@ def checkpoint_round(
     checkpoint.save(out_dir, cfg, ckpt)
 
 
-def restore(cfg: RunConfig, out_dir: Path | None, current: Saved) -> Resumed:
+def restore(cfg: RunConfig, out_dir: Path | None, current: ServerValues) -> Resumed:
     """The run's last checkpoint, if any, checked against ``current`` (the strategy's fresh values).
 
     The logs are rewound to the checkpoint and the global generators restored;
@@ -93,6 +81,6 @@ def restore(cfg: RunConfig, out_dir: Path | None, current: Saved) -> Resumed:
     # Everything is checked: from here on, restore.
     checkpoint.rewind_logs(out_dir, ckpt.logs)
     checkpoint.restore_rng(ckpt.rng)
-    saved = Saved(ckpt.weights.to(current.weights.device), state, books, ckpt.noise)
+    values = ServerValues(ckpt.weights.to(current.weights.device), state, books, ckpt.noise, ckpt.round)
     log(INFO, "resumed after round %d from %s", ckpt.round, out_dir / checkpoint.FILE)
-    return Resumed(ckpt.round + 1, ckpt.elapsed, saved, runlog.read_metrics(out_dir))
+    return Resumed(ckpt.round + 1, ckpt.elapsed, values, runlog.read_metrics(out_dir))

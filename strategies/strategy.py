@@ -9,15 +9,18 @@ download (:mod:`strategies.billing`), validate the replies
 apply the method's ``step`` unless too few clients answered or the result is
 not finite, evaluate on the server and append ``metrics.jsonl``. Secure
 aggregation (:mod:`strategies.secure`) replaces the exchange and hands back
-the sum, which :meth:`FedSketchStrategy.finish_round` applies; checkpoints
-(:mod:`strategies.resume`) save the same values as one frozen
-:class:`strategies.resume.Saved`. Neither module imports this one.
+the sum, which :meth:`FedSketchStrategy.finish_round` applies. Weights, the
+method's state, books, noise and round are one frozen value
+(:class:`strategies.values.ServerValues`) that each round replaces and
+checkpoints (:mod:`strategies.resume`) save and restore whole. Neither module
+imports this one.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -40,8 +43,9 @@ from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
 from fedsketch.privacy import privacy_metrics
 from strategies import billing, guard, plan, records, resume, secure
-from strategies.limits import ReplyLimits, spec_bytes
+from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
+from strategies.values import ServerValues
 
 
 class FedSketchStrategy(Strategy):
@@ -72,17 +76,16 @@ class FedSketchStrategy(Strategy):
     ) -> None:
         self.cfg, self.method = cfg, get_method(cfg.strategy)
         self.model = model
-        self.weights = get_flat(model)
-        self.d = self.weights.numel()
-        self.state = self.method.init(cfg, self.d, self.weights.device)
-        self.books = Books.start(self.d, cfg.download == "sparse")
+        weights = get_flat(model)
+        self.d = weights.numel()
+        books, noise = Books.start(self.d, cfg.download == "sparse"), guard.noise_generator().get_state()
+        self.values = ServerValues(weights, self.method.init(cfg, self.d, weights.device), books, noise)
         self.test_x, self.test_y = test_x, test_y
         self.out_dir = out_dir
         self.history: list[dict[str, Any]] = []
         default = cfg.local_batch_size if cfg.client_update == "gradient" else 2**31 - 1
         self.max_examples = max_examples if max_examples is not None else default
         self.dense_bytes = messages.wire_bytes(messages.payload_to_record({"update": np.zeros(self.d, np.float32)}))
-        self.noise = guard.noise_generator()
         self.plan: plan.RoundPlan | None = None  # the current round's, while it runs
         self.stateful = self.method.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
         self.requested: dict[str, int] = {}  # this round's requests: message id -> node (replies.exchange)
@@ -100,20 +103,14 @@ class FedSketchStrategy(Strategy):
             c: messages.payload_to_record(x)
             for c, x in self.method.requests(self.state, wanted, self.cfg, self.d).items()
         }
-        configs = {node: self._node_config(p, cids) for node, cids in targets.items()}
+        applied = self.books.applied if self.stateful else None
+        configs = {node: p.node_config(cids, applied) for node, cids in targets.items()}
         contents = billing.round_requests(self.books, self.cfg, p, arrays, self.weights, configs, extras, self.stateful)
         return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
 
-    def _node_config(self, p: plan.RoundPlan, clients: list[int]) -> dict[str, Any]:
-        """The round's config, and for clients that keep state the last round each one's upload was applied."""
-        if not self.stateful:
-            return p.config
-        return {**p.config, wire.SETTLED: [self.books.applied.get(cid, -1) for cid in clients]}
-
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        stateful = self.method.state_vectors(self.cfg) > 0
-        sent = plan.assign(self.cfg, server_round, grid, self.books, stateful)
+        sent = plan.assign(self.cfg, server_round, grid, self.books, self.stateful)
         base = {**dict(config), **self.method.round_config(self.cfg), "server-round": server_round}
         echo: dict[str, Any] = dict(self.method.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
@@ -146,15 +143,8 @@ class FedSketchStrategy(Strategy):
 
     def summary(self) -> None:
         """Log the run's key settings."""
-        log(
-            INFO,
-            "%s: d=%d, %d of %d clients a round, %d rounds",
-            self.cfg.strategy,
-            self.d,
-            self.cfg.clients_per_round,
-            self.cfg.num_clients,
-            self.cfg.num_rounds,
-        )
+        c = self.cfg
+        log(INFO, f"{c.strategy}: d={self.d}, {c.clients_per_round} of {c.num_clients} a round, {c.num_rounds} rounds")
 
     # ------------------------------------------------------------ the loop
     def start(
@@ -184,9 +174,10 @@ class FedSketchStrategy(Strategy):
                 requests = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
                 replies, self.requested = exchange(grid, requests, timeout or self.cfg.round_timeout)
                 self.aggregate_train(rnd, replies)
+            self.values = replace(self.values, server_round=rnd)
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
-            resume.checkpoint_round(self.cfg, self.out_dir, rnd, num_rounds, time.perf_counter() - start, self.saved())
+            resume.checkpoint_round(self.cfg, self.out_dir, num_rounds, time.perf_counter() - start, self.values)
         result = Result()
         result.arrays = messages.model_record(self.weights.cpu().numpy())
         return result
@@ -220,18 +211,14 @@ class FedSketchStrategy(Strategy):
         if contributors < self.cfg.min_replies:
             why = f"{contributors} valid replies < min-replies {self.cfg.min_replies}"
             return self.skip(server_round, got, why, contributors)
-        updates = (
-            got.updates
-            if screened
-            else guard.screen(self.cfg, self.method, self.books, self.noise, self.d, got.updates)
-        )
+        updates = got.updates if screened else self.screen(got.updates)
         rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device)
         state, delta, rnd = server_step(self.method, self.state, rnd, self.cfg, self._ask)
         if not guard.all_finite(delta) or not guard.all_finite(state):
             why = "the update is not finite (huge client values?); state rolled back"
             return self.skip(server_round, got, why, contributors)
         before = self.weights
-        self.state = state
+        self.values = replace(self.values, state=state)
         self.set_weights(self.weights - delta)
         if self.stateful:  # these clients' pending states now count: tell them in their next request
             used = [a.cid for a in rnd.answers] if self.method.commit == "answer" else [u.cid for u in updates]
@@ -251,36 +238,50 @@ class FedSketchStrategy(Strategy):
         return None, MetricRecord({"clients": contributors, "failures": got.failed})
 
     # ------------------------------------------------------------- helpers
-    def saved(self) -> resume.Saved:
-        """The values a checkpoint holds (:mod:`strategies.resume`)."""
-        return resume.Saved(self.weights, self.state, self.books, self.noise.get_state())
+    # ------------------------------------------------------------- the value
+    @property
+    def weights(self) -> torch.Tensor:
+        """The model's flat weights (:class:`ServerValues`)."""
+        return self.values.weights
+
+    @property
+    def state(self) -> Any:
+        """The method's state (:class:`ServerValues`)."""
+        return self.values.state
+
+    @property
+    def books(self) -> Books:
+        """The run's books (:class:`ServerValues`)."""
+        return self.values.books
 
     def resume(self) -> tuple[int, float]:
         """Restore the run's last checkpoint, if any: the first round to run and the time already spent."""
-        back = resume.restore(self.cfg, self.out_dir, self.saved())
-        if back.saved is not None:
-            self.set_weights(back.saved.weights)
-            self.state, self.books = back.saved.state, back.saved.books
-            self.noise.set_state(back.saved.noise)
+        back = resume.restore(self.cfg, self.out_dir, self.values)
+        if back.values is not None:
+            self.values = back.values
+            set_flat(self.model, back.values.weights)
             self.history = back.history
         return back.first_round, back.elapsed
 
     def set_weights(self, weights: torch.Tensor) -> None:
         """The new global model (flat weights, written into the module too)."""
-        self.weights = weights
+        self.values = replace(self.values, weights=weights)
         set_flat(self.model, weights)
+
+    def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """Clip, or clip and noise, the round's updates (:mod:`strategies.guard`), keeping the noise's new state."""
+        noise = self.values.generator()
+        screened = guard.screen(self.cfg, self.method, self.books, noise, self.d, updates)
+        self.values = replace(self.values, noise=noise.get_state())
+        return screened
 
     def lr_at(self, server_round: int) -> float:
         """This round's server learning rate (see :mod:`fedsketch.schedule`)."""
         return schedule.lr_at(self.cfg.lr_schedule, self.cfg.lr, server_round, self.cfg.num_rounds)
 
     def reply_limits(self, layout: Layout, echo: dict[str, Any]) -> ReplyLimits:
-        """What one client's reply may be: exact layouts bound their own size; decoders get twice dense."""
-        if callable(layout):
-            max_bytes, max_arrays = 2 * self.dense_bytes + 2**16, 16
-        else:
-            max_bytes, max_arrays = spec_bytes(list(layout.values())), len(layout)
-        return ReplyLimits(self.max_examples, max_bytes, max_arrays, echo, self.cfg.num_clients)
+        """What one client's reply may be (:func:`strategies.limits.for_layout`)."""
+        return for_layout(layout, echo, self.dense_bytes, self.max_examples, self.cfg.num_clients)
 
     def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
@@ -296,7 +297,8 @@ class FedSketchStrategy(Strategy):
     def log_row(self, server_round: int, wall_s: float) -> None:
         """Evaluate the model and append one row to ``metrics.jsonl``."""
         acc, loss = evaluate(self.model, self.test_x, self.test_y)
-        self.state, extra = self.method.report(self.state, self.cfg)
+        state, extra = self.method.report(self.state, self.cfg)
+        self.values = replace(self.values, state=state)
         row = runlog.metrics_row(self.cfg, server_round, acc, loss, self.books, wall_s)
         self.history.append({**row, **privacy_metrics(self.cfg, self.books.dp_rounds), **extra})
         log(

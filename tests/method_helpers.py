@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -26,7 +27,8 @@ def encode(cfg: RunConfig, update: torch.Tensor, **kwargs: object) -> tuple[Payl
 def step(strat: object, updates: list[ClientUpdate], server_round: int = 1, ask: Ask | None = None) -> torch.Tensor:
     """One server step of a strategy's method on these updates; the strategy keeps the new state."""
     rnd = Round(server_round, strat.lr_at(server_round), updates, strat.d, strat.weights.device)  # type: ignore[attr-defined]
-    strat.state, delta, _ = server_step(strat.method, strat.state, rnd, strat.cfg, ask)  # type: ignore[attr-defined]
+    state, delta, _ = server_step(strat.method, strat.state, rnd, strat.cfg, ask)  # type: ignore[attr-defined]
+    strat.values = replace(strat.values, state=state)  # type: ignore[attr-defined]
     return delta
 
 

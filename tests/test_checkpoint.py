@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ def run(cfg: RunConfig, out: Path, crash_in_round: int | None = None, noise_seed
         return replies
 
     strat = build_strategy(cfg, out)
-    strat.noise.manual_seed(noise_seed)  # DP runs draw secret noise; fix it to compare two runs
+    fixed = torch.Generator().manual_seed(noise_seed)  # DP runs draw secret noise; fix it to compare two runs
+    strat.values = replace(strat.values, noise=fixed.get_state())
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), tamper=tamper))
     return strat

@@ -1,0 +1,37 @@
+"""The server's whole state between rounds, as one frozen value.
+
+What a run's server holds besides its configuration (Rothchild et al., ICML
+2020, keep FetchSGD's momentum and error on the server; here they are the
+method's state): the model's flat weights, the method's state, the books
+(:class:`fedsketch.books.Books`: bytes, failures, the download ledger), the DP
+noise generator's state and the last round finished. A round replaces the
+value; a checkpoint saves it whole and resuming gives one back
+(:mod:`strategies.resume`). The books are counters that a round adds to in
+place, the one part that is not replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsketch.books import Books
+from fedsketch.methods.method import ServerState
+
+
+@dataclass(frozen=True)
+class ServerValues:
+    """Weights, the method's state, books, the DP noise's generator state and the last finished round."""
+
+    weights: torch.Tensor  # the model's flat weights
+    state: ServerState  # the method's state
+    books: Books  # the run's books
+    noise: torch.Tensor  # the DP noise generator's state (``torch.Generator.get_state()``)
+    server_round: int = 0  # the last round finished (applied or skipped); 0 before the first
+
+    def generator(self) -> torch.Generator:
+        """A generator at the saved noise state (draw from it, then keep its new state)."""
+        gen = torch.Generator()
+        gen.set_state(self.noise)
+        return gen
