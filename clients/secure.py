@@ -83,7 +83,7 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
 def _clipped(out: ClientOutcome, cfg: RunConfig, d: int) -> dict[str, np.ndarray]:
     """The client's payload in float64, scaled to norm ``clip-norm`` if above it, by the norm the server would use."""
     payload = {name: np.asarray(arr, np.float64) for name, arr in (out.payload or {}).items()}
-    norm_of = get_method(cfg.strategy).norm
+    norm_of = get_method(cfg.strategy).privacy.norm
     if cfg.clip_norm <= 0 or norm_of is None:
         return payload
     update = ClientUpdate(out.cid, out.payload or {}, out.num_examples, out.loss, 0)

@@ -88,7 +88,7 @@ def reference_compute(settings: dict[str, Any]) -> dict[str, float]:
     d = num_params(make_model(cfg, load_data(cfg)))  # only to size the weights: not charged
     weights = np.random.default_rng(0).standard_normal(d).astype(np.float32) * 0.01
     begin = time.perf_counter()
-    (outcome,) = run_cohort(cfg, weights, [ClientJob(0, 1, get_method(cfg.strategy).round_config(cfg))])
+    (outcome,) = run_cohort(cfg, weights, [ClientJob(0, 1, get_method(cfg.strategy).wire.round_config(cfg))])
     if outcome.payload is None:
         raise RuntimeError(f"the reference round failed: {outcome.error}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -87,18 +87,20 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
     model = make_model(cfg, data)
     w = get_flat(model)
     method = get_method(cfg.strategy)
-    state = method.init(cfg, w.numel(), w.device)
+    state = method.server.init(cfg, w.numel(), w.device)
     ends = []  # when each round's update was applied: what rounds.jsonl stamps on the Flower side
     for rnd in range(1, cfg.num_rounds + 1):
         rng = np.random.default_rng([cfg.seed, rnd])  # the strategy's sampling (strategies/sampling.py)
         cids = sorted(int(c) for c in rng.choice(cfg.num_clients, size=cfg.clients_per_round, replace=False))
-        outcomes = run_cohort(cfg, w.cpu().numpy(), [ClientJob(cid, rnd, method.round_config(cfg)) for cid in cids])
+        outcomes = run_cohort(
+            cfg, w.cpu().numpy(), [ClientJob(cid, rnd, method.wire.round_config(cfg)) for cid in cids]
+        )
         updates = []
         for o in outcomes:
             assert o.payload is not None, o.error  # the benchmark's clients do not fail
             updates.append(ClientUpdate(o.cid, o.payload, o.num_examples, o.loss, 0))
         lr = lr_at(cfg.lr_schedule, cfg.lr, rnd, cfg.num_rounds)
-        state, delta = method.step(state, Round(rnd, lr, updates, w.numel(), w.device), cfg)
+        state, delta = method.server.step(state, Round(rnd, lr, updates, w.numel(), w.device), cfg)
         w = w - delta
         set_flat(model, w)
         ends.append(time.perf_counter())

@@ -28,9 +28,9 @@ from fedsketch.methods import ClientJob, Payload, get_method
 def first_upload(cfg: RunConfig, d: int) -> Payload:
     """What one client uploads first for a Gaussian update of length ``d`` (with the round's requests)."""
     method = get_method(cfg.strategy)
-    request = method.requests(method.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0, {})
+    request = method.server.requests(method.server.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0, {})
     update = torch.randn(d, generator=torch.Generator().manual_seed(0))
-    return method.encode(update, ClientJob(0, 1, method.round_config(cfg), {}, request), cfg)[0]
+    return method.client.encode(update, ClientJob(0, 1, method.wire.round_config(cfg), {}, request), cfg)[0]
 
 
 def measure(cfg: RunConfig) -> tuple[float, float, Payload]:
@@ -57,7 +57,7 @@ def main() -> None:
     for name, cfg in runs.items():
         up, down, payload = measure(cfg)
         arrays = ", ".join(f"{k} {arr.dtype}[{arr.size:,}]" for k, arr in payload.items())
-        second = " (+ a second exchange)" if get_method(name).answer is not None else ""
+        second = " (+ a second exchange)" if get_method(name).client.answer is not None else ""
         print(f"| {name} | {arrays}{second} | {up:,.0f} | {down:,.0f} | {dense_up / up:.1f}x |")
 
 

@@ -115,7 +115,7 @@ def _finish(cfg: RunConfig, job: ClientJob, local: _Local) -> ClientOutcome:
     if result is None:
         return ClientOutcome(job.cid, None, error=local.error)
     try:
-        payload, state = get_method(cfg.strategy).encode(result.update, job, cfg)
+        payload, state = get_method(cfg.strategy).client.encode(result.update, job, cfg)
     except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
         return ClientOutcome(job.cid, None, error=f"{type(exc).__name__}: {exc}")
     elapsed = local.seconds + time.perf_counter() - start
@@ -197,7 +197,7 @@ def _client_data(
 
 def answer_queries(cfg: RunConfig, jobs: list[ClientJob], query: Payload) -> list[ClientOutcome]:
     """A second exchange: each client answers ``query`` from its kept state (Sketched-SGD's exact values)."""
-    answer = get_method(cfg.strategy).answer
+    answer = get_method(cfg.strategy).client.answer
     outcomes = []
     for job in jobs:
         start = time.perf_counter()

@@ -149,22 +149,22 @@ def _model_fits_data(cfg: RunConfig) -> None:
 
 
 def _linear() -> str:
-    return ", ".join(m.name for m in METHODS if m.linear)
+    return ", ".join(m.name for m in METHODS if m.privacy.linear)
 
 
 def _privacy(cfg: RunConfig, method: Method) -> None:
-    if cfg.clip_norm > 0 and method.state_vectors(cfg):
+    if cfg.clip_norm > 0 and method.client.state_vectors(cfg):
         raise ConfigError(
             f"setting 'clip-norm' is not available for {method.name} with these settings: its clients keep error "
             "feedback, and a clipped upload would leave their memory out of step with what the server applied"
         )
-    if cfg.clip_norm > 0 and method.norm is None:
+    if cfg.clip_norm > 0 and method.privacy.norm is None:
         raise ConfigError(
             f"setting 'clip-norm' is not available for {method.name}: its upload is not one vector the server "
             "could scale (its second exchange sends values computed from the first)"
         )
     if cfg.dp_noise_multiplier > 0:
-        if not method.linear:
+        if not method.privacy.linear:
             raise ConfigError(
                 f"setting 'dp-noise-multiplier' needs a strategy whose uploads add up linearly ({_linear()}); "
                 f"got {cfg.strategy!r}"
@@ -172,7 +172,7 @@ def _privacy(cfg: RunConfig, method: Method) -> None:
         if cfg.clip_norm <= 0:
             raise ConfigError("setting 'dp-noise-multiplier' needs 'clip-norm' > 0: noise is scaled to the clip norm")
     if cfg.secure_aggregation:
-        if not method.linear:
+        if not method.privacy.linear:
             raise ConfigError(
                 f"setting 'secure-aggregation' needs a strategy whose uploads add up linearly ({_linear()}); "
                 f"got {cfg.strategy!r}"
@@ -206,7 +206,7 @@ def _download(cfg: RunConfig, method: Method) -> None:
 
 def _runtime(cfg: RunConfig, method: Method) -> None:
     """A restart loses state kept on the nodes."""
-    if cfg.checkpoint_every and method.state_vectors(cfg):
+    if cfg.checkpoint_every and method.client.state_vectors(cfg):
         raise ConfigError(
             f"setting 'checkpoint-every' is not available for {cfg.strategy} with these settings: "
             "its clients keep state on their nodes, which a restart loses"
@@ -271,12 +271,12 @@ def client_state_bytes(cfg: RunConfig, d: int) -> int:
     A client keeps its committed state and, until it learns whether its last upload was applied,
     the pending one (:mod:`fedsketch.client_state`): twice the method's vectors.
     """
-    return 2 * 4 * d * cfg.num_clients * get_method(cfg.strategy).state_vectors(cfg)
+    return 2 * 4 * d * cfg.num_clients * get_method(cfg.strategy).client.state_vectors(cfg)
 
 
 def describe_client_state(cfg: RunConfig, d: int) -> str:
     """The estimate of :func:`client_state_bytes` in words, for error messages and logs."""
-    vectors = get_method(cfg.strategy).state_vectors(cfg)
+    vectors = get_method(cfg.strategy).client.state_vectors(cfg)
     return (
         f"{cfg.strategy} keeps {vectors} float32 vector(s) of d={d:,} per client, committed and pending: "
         f"{cfg.num_clients:,} clients x {8 * d * vectors / 2**20:,.1f} MiB = {client_state_bytes(cfg, d) / 2**30:,.2f} "

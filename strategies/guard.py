@@ -4,7 +4,7 @@ Both act on validated :class:`~fedsketch.methods.ClientUpdate` values before a
 method's ``step`` sees them, so the methods stay unaware of them.
 
 Clipping (``clip-norm`` C) scales each client's update to L2 norm at most C.
-What "norm" means is the method's (:attr:`fedsketch.methods.Method.norm`): the
+What "norm" means is the method's (:attr:`fedsketch.methods.method.Privacy.norm`): the
 dense update's for uncompressed uploads, the decoded vector's for compressed
 ones, and for FetchSGD the Count Sketch's own estimate of the norm of the
 vector it sketches (the median of its rows' norms), since the server never
@@ -51,11 +51,11 @@ def screen(
     """Clipping, or clipping and noise on the sum (one update of weight 1), as the run asks."""
     if cfg.dp_noise_multiplier > 0:
         books.dp_rounds += 1
-        bound = cfg.clip_norm * method.sensitivity(cfg)
+        bound = cfg.clip_norm * method.privacy.sensitivity(cfg)
         books.add("clipped", sum(payload_norm(u) > bound for u in updates))
         return [noisy_mean(updates, bound, cfg.dp_noise_multiplier, cfg.clients_per_round, noise)]
-    if cfg.clip_norm > 0 and method.norm is not None:
-        norm_of = method.norm
+    if cfg.clip_norm > 0 and method.privacy.norm is not None:
+        norm_of = method.privacy.norm
         updates, clipped = clip_updates(updates, cfg.clip_norm, lambda u: norm_of(u, cfg, d), scale_payload)
         books.add("clipped", clipped)
     return updates

@@ -79,7 +79,7 @@ class FedSketchStrategy(Strategy):
         weights = get_flat(model)
         self.d = weights.numel()
         books, noise = Books.start(self.d, cfg.download == "sparse"), guard.noise_generator().get_state()
-        self.values = ServerValues(weights, self.method.init(cfg, self.d, weights.device), books, noise)
+        self.values = ServerValues(weights, self.method.server.init(cfg, self.d, weights.device), books, noise)
         self.test_x, self.test_y = test_x, test_y
         self.out_dir = out_dir
         self.history: list[dict[str, Any]] = []
@@ -87,7 +87,7 @@ class FedSketchStrategy(Strategy):
         self.max_examples = max_examples if max_examples is not None else default
         self.dense_bytes = messages.wire_bytes(messages.payload_to_record({"update": np.zeros(self.d, np.float32)}))
         self.plan: plan.RoundPlan | None = None  # the current round's, while it runs
-        self.stateful = self.method.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
+        self.stateful = self.method.client.state_vectors(cfg) > 0  # clients keep state: tell them what was applied
         self.requested: dict[str, int] = {}  # this round's requests: message id -> node (replies.exchange)
 
     # ---------------------------------------------------------- Flower API
@@ -101,7 +101,7 @@ class FedSketchStrategy(Strategy):
         wanted = [cid for cids in targets.values() for cid in cids]
         extras = {
             c: messages.payload_to_record(x)
-            for c, x in self.method.requests(self.state, wanted, self.cfg, self.d).items()
+            for c, x in self.method.server.requests(self.state, wanted, self.cfg, self.d).items()
         }
         applied = self.books.applied if self.stateful else None
         configs = {node: p.node_config(cids, applied) for node, cids in targets.items()}
@@ -111,8 +111,8 @@ class FedSketchStrategy(Strategy):
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
         sent = plan.assign(self.cfg, server_round, grid, self.books, self.stateful)
-        base = {**dict(config), **self.method.round_config(self.cfg), "server-round": server_round}
-        echo: dict[str, Any] = dict(self.method.round_config(self.cfg))
+        base = {**dict(config), **self.method.wire.round_config(self.cfg), "server-round": server_round}
+        echo: dict[str, Any] = dict(self.method.wire.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
             echo[wire.MODEL_CRC] = messages.model_crc(self.weights.cpu().numpy())  # must have trained on this
         return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo)
@@ -122,9 +122,9 @@ class FedSketchStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, apply the method's step if enough clients answered."""
         p = self._current(server_round)
-        layout = self.method.layout(self.cfg, self.d, server_round)
+        layout = self.method.wire.layout(self.cfg, self.d, server_round)
         limits = self.reply_limits(layout, p.echo)
-        got = collect(replies, p.sent, layout, limits, self.method.diagnostic(self.cfg, self.d), self.requested)
+        got = collect(replies, p.sent, layout, limits, self.method.wire.diagnostic(self.cfg, self.d), self.requested)
         self.books.node_cid.update({u.node: u.cid for u in got.updates})
         records.count_replies(self.books, got)
         self.books.add("clients", len(got.updates))
@@ -185,7 +185,7 @@ class FedSketchStrategy(Strategy):
     def secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
         """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
         self.plan = p = self.plan_round(server_round, config, grid)
-        layout = self.method.layout(self.cfg, self.d, server_round)
+        layout = self.method.wire.layout(self.cfg, self.d, server_round)
         done = secure.secure_round(
             p,
             self.weights.cpu().numpy(),
@@ -221,7 +221,7 @@ class FedSketchStrategy(Strategy):
         self.values = replace(self.values, state=state)
         self.set_weights(self.weights - delta)
         if self.stateful:  # these clients' pending states now count: tell them in their next request
-            used = [a.cid for a in rnd.answers] if self.method.commit == "answer" else [u.cid for u in updates]
+            used = [a.cid for a in rnd.answers] if self.method.client.commit == "answer" else [u.cid for u in updates]
             self.books.applied.update(dict.fromkeys(used, server_round))
         if self.cfg.download == "sparse":
             download.record_update(self.books.ledger, server_round, before, self.weights)
@@ -297,7 +297,7 @@ class FedSketchStrategy(Strategy):
     def log_row(self, server_round: int, wall_s: float) -> None:
         """Evaluate the model and append one row to ``metrics.jsonl``."""
         acc, loss = evaluate(self.model, self.test_x, self.test_y)
-        state, extra = self.method.report(self.state, self.cfg)
+        state, extra = self.method.server.report(self.state, self.cfg)
         self.values = replace(self.values, state=state)
         row = runlog.metrics_row(self.cfg, server_round, acc, loss, self.books, wall_s)
         self.history.append({**row, **privacy_metrics(self.cfg, self.books.dp_rounds), **extra})

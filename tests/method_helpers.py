@@ -16,12 +16,12 @@ def job(
     cfg: RunConfig, cid: int = 0, server_round: int = 1, state: State | None = None, request: Payload | None = None
 ) -> ClientJob:
     """One client's job with the round settings the server would send."""
-    return ClientJob(cid, server_round, get_method(cfg.strategy).round_config(cfg), state or {}, request or {})
+    return ClientJob(cid, server_round, get_method(cfg.strategy).wire.round_config(cfg), state or {}, request or {})
 
 
 def encode(cfg: RunConfig, update: torch.Tensor, **kwargs: object) -> tuple[Payload, State]:
     """What a client of ``cfg.strategy`` uploads for ``update`` (and keeps)."""
-    return get_method(cfg.strategy).encode(update, job(cfg, **kwargs), cfg)  # type: ignore[arg-type]
+    return get_method(cfg.strategy).client.encode(update, job(cfg, **kwargs), cfg)  # type: ignore[arg-type]
 
 
 def step(strat: object, updates: list[ClientUpdate], server_round: int = 1, ask: Ask | None = None) -> torch.Tensor:
@@ -39,11 +39,11 @@ def second_exchange_upload(cfg: RunConfig, d: int, upload_bytes: Callable[[Paylo
     their kept states; ``upload_bytes`` prices one answer as the wire would.
     """
     method = get_method(cfg.strategy)
-    if method.answer is None:
+    if method.client.answer is None:
         return 0
-    answer = method.answer
-    state = method.init(cfg, d, torch.device("cpu"))
-    requests = method.requests(state, [0, 1, 2], cfg, d)
+    answer = method.client.answer
+    state = method.server.init(cfg, d, torch.device("cpu"))
+    requests = method.server.requests(state, [0, 1, 2], cfg, d)
     gen = torch.Generator().manual_seed(0)
     kept, updates = {}, []
     for cid in range(3):

@@ -27,7 +27,7 @@ def strategy(name: str, **settings: object) -> tuple[FedSketchStrategy, RunConfi
 
 def updates(strat: FedSketchStrategy, cfg: RunConfig, vectors: list[torch.Tensor]) -> list[ClientUpdate]:
     """What the strategy would accept from three clients uploading these vectors in round 1."""
-    check = strat.method.layout(cfg, strat.d, 1)
+    check = strat.method.wire.layout(cfg, strat.d, 1)
     out = []
     for cid, n, vec in zip(CIDS, EXAMPLES, vectors):
         payload, _ = encode(cfg, vec, cid=cid)
@@ -77,7 +77,7 @@ def test_compressed_uploads_average_what_the_clients_sent(name: str) -> None:
     delta = step(strat, got)
     mean = sum(n / sum(EXAMPLES) * x for n, x in zip(EXAMPLES, decoded))  # type: ignore[misc]
     torch.testing.assert_close(delta, 0.5 * mean)
-    assert (strat.method.state_vectors(cfg) > 0) == (name in ("local_topk", "random_k", "gaussiank", "signsgd"))
+    assert (strat.method.client.state_vectors(cfg) > 0) == (name in ("local_topk", "random_k", "gaussiank", "signsgd"))
 
 
 def test_signsgd_majority_applies_the_vote() -> None:
@@ -86,12 +86,12 @@ def test_signsgd_majority_applies_the_vote() -> None:
     delta = step(strat, updates(strat, cfg, vecs))
     vote = torch.sign(sum(torch.where(v < 0, -1.0, 1.0) for v in vecs))  # zeros are sent as +
     torch.testing.assert_close(delta, 0.01 * vote)
-    assert not (strat.method.state_vectors(cfg) > 0)
+    assert not (strat.method.client.state_vectors(cfg) > 0)
 
 
 def test_a_payload_of_another_layout_is_refused_by_the_decoder() -> None:
     strat, cfg = strategy("qsgd")
-    check = strat.method.layout(cfg, strat.d, 1)
+    check = strat.method.wire.layout(cfg, strat.d, 1)
     assert callable(check)
     with pytest.raises(ValueError, match="qsgd payload 'norm' is float32\\[1\\]"):  # sent without buckets
         check({"norm": np.ones(1, np.float32), "sign": np.zeros(1, np.uint8), "level": np.zeros(3, np.uint8)})

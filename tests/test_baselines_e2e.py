@@ -54,9 +54,9 @@ def _expected_upload(cfg: RunConfig) -> int:
     """
     data = load_data(cfg)
     d = num_params(make_model(cfg, data))
-    echo = get_method(cfg.strategy).round_config(cfg)  # what a client echoes: the sketch's seed and shape, if any
+    echo = get_method(cfg.strategy).wire.round_config(cfg)  # what a client echoes: the sketch's seed and shape, if any
     method = get_method(cfg.strategy)
-    request = method.requests(method.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0)
+    request = method.server.requests(method.server.init(cfg, d, torch.device("cpu")), [0], cfg, d).get(0)
     payload, _ = encode(cfg, torch.randn(d), request=request)
     second = second_exchange_upload(cfg, d, lambda answer: wire_bytes(payload_to_record(answer)))
     total = 0

@@ -25,7 +25,7 @@ from fedsketch.methods import METHODS
 from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
 
-STATEFUL = [m.name for m in METHODS if m.state_vectors(RunConfig.from_mapping({"strategy": m.name}))]
+STATEFUL = [m.name for m in METHODS if m.client.state_vectors(RunConfig.from_mapping({"strategy": m.name}))]
 TINY = {
     "num-clients": 6,
     "clients-per-round": 3,

@@ -44,8 +44,8 @@ def test_the_method_steps_on_the_weighted_mean_and_checks_its_settings() -> None
     method = get_method("fedadam")
     a, b = torch.randn(D), torch.randn(D)
     updates = [ClientUpdate(0, {"update": a.numpy()}, 1, 0.0, 0), ClientUpdate(1, {"update": b.numpy()}, 3, 0.0, 0)]
-    _, delta = method.step(
-        method.init(cfg, D, torch.device("cpu")), Round(1, 0.2, updates, D, torch.device("cpu")), cfg
+    _, delta = method.server.step(
+        method.server.init(cfg, D, torch.device("cpu")), Round(1, 0.2, updates, D, torch.device("cpu")), cfg
     )
     _, expected = fedadam.step(fedadam.init(D), (a + 3 * b) / 4, 0.2, beta1=0.5, beta2=0.9, tau=0.01)
     torch.testing.assert_close(delta, expected)

@@ -55,7 +55,7 @@ def test_fedavg_clipping_bounds_the_update_whatever_the_clients_send() -> None:
 def test_fetchsgd_clips_on_the_sketchs_norm_estimate() -> None:
     cfg = RunConfig.from_mapping({**TINY, "clip-norm": 1.0})
     strat = build_strategy(cfg, None)
-    norm = strat.method.norm
+    norm = strat.method.privacy.norm
     assert norm is not None
 
     def norm_of(u: ClientUpdate) -> float:

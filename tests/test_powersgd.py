@@ -89,18 +89,18 @@ def test_one_client_round_applies_its_rank_r_update_and_keeps_what_was_not_sent(
     cfg = _cfg(lr=1.0)
     method, p = get_method("powersgd"), plan(cfg)
     d = sum(b.size for b in p.blocks)
-    state = method.init(cfg, d, torch.device("cpu"))
-    request = method.requests(state, [4], cfg, d)[4]
+    state = method.server.init(cfg, d, torch.device("cpu"))
+    request = method.server.requests(state, [4], cfg, d)[4]
     g = torch.randn(d, generator=torch.Generator().manual_seed(5))
     payload, kept = encode(cfg, g, cid=4, request=request)
     assert set(payload) == {"p", "whole"} and payload["p"].size == p.p_size and payload["whole"].size == p.whole_size
     first = Round(1, 1.0, [ClientUpdate(4, payload, 8, 0.0, 0)], d, g.device)
-    assert method.ask is not None
-    query = method.ask(state, first, cfg)  # the server's half, without a round loop
+    assert method.server.ask is not None
+    query = method.server.ask(state, first, cfg)  # the server's half, without a round loop
     assert query.cids == (4,) and query.layout == {"q": ((p.q_size,), np.dtype(np.float32))}
-    out, after = method.answer(kept, query.payload, cfg)  # type: ignore[misc]  # the client's half
+    out, after = method.client.answer(kept, query.payload, cfg)  # type: ignore[misc]  # the client's half
     answered = replace(first, query=query, answers=(ClientUpdate(4, out, 8, 0.0, 0),))
-    state, delta = method.step(state, answered, cfg)
+    state, delta = method.server.step(state, answered, cfg)
     error = after["error"]
     torch.testing.assert_close(delta + error, g, rtol=0, atol=1e-5)  # what was sent + what is kept = the update
     assert float(error.norm()) > 0.01 * float(g.norm())  # rank 2 does not carry everything
@@ -112,15 +112,15 @@ def test_error_feedback_conserves_mass_over_rounds() -> None:
     cfg = _cfg()
     method, p = get_method("powersgd"), plan(cfg)
     d = sum(b.size for b in p.blocks)
-    state, kept = method.init(cfg, d, torch.device("cpu")), {}
+    state, kept = method.server.init(cfg, d, torch.device("cpu")), {}
     sent, total = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
     for rnd in range(1, 6):
         g = torch.randn(d, generator=torch.Generator().manual_seed(rnd))
         payload, kept = encode(
-            cfg, g, cid=0, server_round=rnd, state=kept, request=method.requests(state, [0], cfg, d)[0]
+            cfg, g, cid=0, server_round=rnd, state=kept, request=method.server.requests(state, [0], cfg, d)[0]
         )
         p_hat = powersgd.orthogonalize_all(torch.from_numpy(payload["p"]), p, "p")
-        out, kept = method.answer(kept, {"p": p_hat.numpy()}, cfg)  # type: ignore[misc]
+        out, kept = method.client.answer(kept, {"p": p_hat.numpy()}, cfg)  # type: ignore[misc]
         sent += powersgd.expand(p_hat, torch.from_numpy(out["q"]), torch.from_numpy(payload["whole"]), p, d).double()
         total += g.double()
         state = type(state)(state.velocity, torch.from_numpy(out["q"]))
@@ -129,7 +129,7 @@ def test_error_feedback_conserves_mass_over_rounds() -> None:
 
 def test_a_client_without_exchange_one_state_cannot_answer() -> None:
     with pytest.raises(ValueError, match="no PowerSGD exchange-1 state"):
-        get_method("powersgd").answer({}, {"p": torch.zeros(1).numpy()}, _cfg())  # type: ignore[misc]
+        get_method("powersgd").client.answer({}, {"p": torch.zeros(1).numpy()}, _cfg())  # type: ignore[misc]
 
 
 def test_the_model_update_is_rank_r_per_matrix() -> None:

@@ -38,29 +38,26 @@ def test_the_registry_is_the_strategy_choice() -> None:
 def test_every_method_has_every_part(method: object) -> None:
     m = get_method(method.name)  # type: ignore[attr-defined]
     for part in ("upload", "client_state", "paper"):
-        assert isinstance(getattr(m, part), str) and getattr(m, part), f"{m.name} has no {part} line"
-    for part in (
-        "encode",
-        "layout",
-        "init",
-        "step",
-        "state_vectors",
-        "round_config",
-        "requests",
-        "sensitivity",
-        "report",
-        "diagnostic",
-        "check",
-    ):
-        assert callable(getattr(m, part)), f"{m.name}.{part} is not callable"
+        assert isinstance(getattr(m.docs, part), str) and getattr(m.docs, part), f"{m.name} has no {part} line"
+    sides = {
+        "client": ("encode", "state_vectors"),
+        "server": ("init", "step", "requests", "report"),
+        "wire": ("layout", "round_config", "diagnostic"),
+        "privacy": ("sensitivity",),
+    }
+    for side, parts in sides.items():
+        for part in parts:
+            assert callable(getattr(getattr(m, side), part)), f"{m.name}.{side}.{part} is not callable"
+    assert callable(m.check)
+    assert (m.server.ask is None) == (m.client.answer is None), f"{m.name}: a second exchange needs ask and answer"
     known = set(field_keys()) | set(DECLARED)
     assert set(m.uses) <= known, f"{m.name} reads unknown settings {set(m.uses) - known}"
     assert all(s.key in DECLARED for s in m.settings)
     for key in m.sweep:
         assert m.reads(key), f"{m.name} sweeps {key!r}, which it does not read"
         assert m.name in SWEEP_KEYS[key].strategies
-    if m.linear:
-        assert m.norm is not None, f"{m.name}: uploads that add up can be clipped"
+    if m.privacy.linear:
+        assert m.privacy.norm is not None, f"{m.name}: uploads that add up can be clipped"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -69,21 +66,21 @@ def test_every_method_runs_one_round_through_its_own_parts(name: str) -> None:
     cfg = RunConfig.from_mapping({**TINY, "strategy": name})
     method = get_method(name)
     d = num_params(make_model(cfg, load_data(cfg)))  # methods may follow the model's shapes (PowerSGD)
-    requests = method.requests(method.init(cfg, d, torch.device("cpu")), [0, 1, 2], cfg, d)
+    requests = method.server.requests(method.server.init(cfg, d, torch.device("cpu")), [0, 1, 2], cfg, d)
     gen = torch.Generator().manual_seed(1)
     updates, kept = [], {}
     for cid in range(3):
         payload, kept[cid] = encode(cfg, torch.randn(d, generator=gen), cid=cid, request=requests.get(cid))
-        assert bool(kept[cid]) == (method.state_vectors(cfg) > 0)
-        decoded = _checked(method.layout(cfg, d, 1), payload)
+        assert bool(kept[cid]) == (method.client.state_vectors(cfg) > 0)
+        decoded = _checked(method.wire.layout(cfg, d, 1), payload)
         updates.append(ClientUpdate(cid, payload, 10 + cid, 0.5, 0, decoded=decoded))
 
     def ask(asked: list[ClientUpdate], query: Query) -> list[ClientUpdate]:
-        assert method.answer is not None, f"{name} asked for a second exchange but has no answer"
-        answers = [(u, method.answer(kept[u.cid], query.payload, cfg)[0]) for u in asked]
+        assert method.client.answer is not None, f"{name} asked for a second exchange but has no answer"
+        answers = [(u, method.client.answer(kept[u.cid], query.payload, cfg)[0]) for u in asked]
         return [ClientUpdate(u.cid, a, u.num_examples, 0.0, 0, decoded=_checked(query.layout, a)) for u, a in answers]
 
-    state = method.init(cfg, d, torch.device("cpu"))
+    state = method.server.init(cfg, d, torch.device("cpu"))
     state, delta, _ = server_step(method, state, Round(1, 0.1, updates, d, torch.device("cpu")), cfg, ask)
     assert delta.shape == (d,) and bool(torch.isfinite(delta).all()) and bool(delta.abs().sum() > 0)
 

@@ -34,13 +34,13 @@ def one_round(cfg: RunConfig, out: Path, nodes: int) -> tuple[FedSketchStrategy,
     """Run one round; return the strategy, the updates its step received, and the metrics row."""
     strat = build_strategy(cfg, out)
     seen: list[ClientUpdate] = []
-    step = strat.method.step
+    step = strat.method.server.step
 
     def recording(state: object, rnd: Round, cfg: RunConfig) -> tuple[object, torch.Tensor]:
         seen.extend(rnd.updates)
         return step(state, rnd, cfg)
 
-    strat.method = dataclasses.replace(strat.method, step=recording)
+    strat.method = dataclasses.replace(strat.method, server=dataclasses.replace(strat.method.server, step=recording))
     with task_identity():
         strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

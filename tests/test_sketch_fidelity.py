@@ -167,7 +167,7 @@ def test_the_shadow_is_what_the_sketch_holds_under_subtract_only(variant: str, p
 def test_the_diagnosed_state_survives_a_checkpoint(on_and_off: Any) -> None:
     on, _ = on_and_off[True]
     tree = checkpoint.state_to_tree(on.state)
-    back = checkpoint.state_from_tree(on.method.init(on.cfg, on.d, on.weights.device), tree)
+    back = checkpoint.state_from_tree(on.method.server.init(on.cfg, on.d, on.weights.device), tree)
     assert isinstance(back, fidelity.FidelityState) and isinstance(on.state, fidelity.FidelityState)
     assert torch.equal(back.shadow.error, on.state.shadow.error) and torch.equal(
         back.sketched.error, on.state.sketched.error

@@ -32,7 +32,7 @@ def test_second_phase_returns_the_exact_values_of_the_clients_error() -> None:
     cfg = RunConfig.from_mapping({"strategy": "sketched_sgd", "k": 10, "momentum": 0.9, "candidate-factor": 3})
     rc = {"sketch-seed": 4, "sketch-rows": 3, "sketch-cols": 50}  # a poor sketch on purpose
     g = grads(1, 0)[0]
-    _, state = METHOD.encode(g, ClientJob(0, 1, rc), cfg)
+    _, state = METHOD.client.encode(g, ClientJob(0, 1, rc), cfg)
     cands = torch.tensor([3, 17, 999, 1500])
     values, _ = answer(state, encode_support(cands, D), cfg)
     assert torch.equal(torch.from_numpy(values["val"]), state["error"][cands])
@@ -130,19 +130,19 @@ def test_the_methods_two_halves_run_without_a_round_loop() -> None:
     cfg = RunConfig.from_mapping(
         {"strategy": "sketched_sgd", "k": 10, "momentum": 0.0, "sketch-rows": 5, "sketch-cols": 20_000}
     )
-    rc = METHOD.round_config(cfg)
+    rc = METHOD.wire.round_config(cfg)
     kept, updates = {}, []
     for cid, (g, n) in enumerate(zip(grads(3, 7), (10, 30, 20))):
-        payload, kept[cid] = METHOD.encode(g, ClientJob(cid, 1, rc), cfg)
+        payload, kept[cid] = METHOD.client.encode(g, ClientJob(cid, 1, rc), cfg)
         updates.append(ClientUpdate(cid, payload, n, 0.0, 0))
     rnd = Round(1, 0.5, updates, D, torch.device("cpu"))
-    state = METHOD.init(cfg, D, torch.device("cpu"))
-    assert METHOD.ask is not None
-    query = METHOD.ask(state, rnd, cfg)
+    state = METHOD.server.init(cfg, D, torch.device("cpu"))
+    assert METHOD.server.ask is not None
+    query = METHOD.server.ask(state, rnd, cfg)
     cands = query.carry["candidates"]
     assert query.cids == (0, 1, 2) and query.layout == {"val": ((cands.numel(),), np.dtype(np.float32))}
     answers = tuple(ClientUpdate(c, answer(kept[c], query.payload, cfg)[0], 0, 0.0, 0) for c in (0, 2))  # 1 is lost
-    state, delta = METHOD.step(state, replace(rnd, query=query, answers=answers), cfg)
+    state, delta = METHOD.server.step(state, replace(rnd, query=query, answers=answers), cfg)
     exact = (10 * kept[0]["error"][cands] + 20 * kept[2]["error"][cands]) / 30
     top = torch.topk(exact.abs(), 10).indices
     expected = torch.zeros(D)
@@ -150,4 +150,4 @@ def test_the_methods_two_halves_run_without_a_round_loop() -> None:
     torch.testing.assert_close(delta, expected, rtol=1e-6, atol=1e-7)
     assert set(state.pending) == {0, 2} and torch.equal(state.pending[0].sort().values, cands[top].sort().values)
     with pytest.raises(ValueError, match="needs its query"):
-        METHOD.step(state, rnd, cfg)
+        METHOD.server.step(state, rnd, cfg)

@@ -66,12 +66,12 @@ def get_method(name: str) -> Method:
 
 
 def received_round_config(cfg: RunConfig, config: Mapping[str, object]) -> dict[str, int]:
-    """The method's round settings (:attr:`Method.round_config`'s keys) as a round's config gives them.
+    """The method's round settings (:attr:`~fedsketch.methods.method.Wire.round_config`'s keys) as a round's config gives them.
 
     A client uses these, not its own run config, and echoes them back, so the
     server can refuse a reply made with other settings (a stale client).
     """
-    keys = get_method(cfg.strategy).round_config(cfg)
+    keys = get_method(cfg.strategy).wire.round_config(cfg)
     return {key: wire.config_int(config, key) for key in keys if key in config}
 
 

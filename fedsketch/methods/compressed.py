@@ -25,7 +25,18 @@ from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import topk_sgd
 from fedsketch.compress import Compressor, compress_with_feedback, derive_seed, registry
 from fedsketch.compress.signsgd import majority_vote
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadCheck, Round, State
+from fedsketch.methods.method import (
+    Client,
+    ClientJob,
+    Docs,
+    Method,
+    Payload,
+    PayloadCheck,
+    Round,
+    Server,
+    State,
+    Wire,
+)
 from fedsketch.setting import Setting
 
 if TYPE_CHECKING:
@@ -220,15 +231,10 @@ SIGNSGD = Compressed(_signsgd, lambda cfg: SIGNSGD_VARIANT.of(cfg) == "ef")
 def _method(name: str, parts: Compressed, upload_desc: str, keeps: str, paper: str, **facts: Any) -> Method:
     return Method(
         name=name,
-        upload=upload_desc,
-        client_state=keeps,
-        paper=paper,
-        encode=parts.encode,
-        layout=parts.layout,
-        init=init,
-        step=parts.step,
-        report=report,
-        state_vectors=parts.state_vectors,
+        docs=Docs(upload_desc, keeps, paper),
+        client=Client(parts.encode, state_vectors=parts.state_vectors),
+        server=Server(init, parts.step, report=report),
+        wire=Wire(parts.layout),
         **facts,
     )
 

@@ -20,7 +20,19 @@ from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd
 from fedsketch.algorithms import topk_sgd as server
 from fedsketch.compress import identity
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Round, State
+from fedsketch.methods.method import (
+    Client,
+    ClientJob,
+    Docs,
+    Method,
+    Payload,
+    PayloadSpec,
+    Privacy,
+    Round,
+    Server,
+    State,
+    Wire,
+)
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -70,28 +82,22 @@ def topk_step(state: server.TopkServerState, rnd: Round, cfg: RunConfig) -> tupl
 
 FEDAVG = Method(
     name="fedavg",
-    upload="dense float32",
-    client_state="none",
-    paper="McMahan et al., AISTATS 2017",
-    encode=encode,
-    layout=layout,
-    init=fedavg_init,
-    step=fedavg_step,
+    docs=Docs("dense float32", "none", "McMahan et al., AISTATS 2017"),
+    client=Client(encode),
+    server=Server(fedavg_init, fedavg_step),
+    wire=Wire(layout),
+    privacy=Privacy(linear=True),
     uses=("momentum",),
-    linear=True,
 )
 TRUE_TOPK = Method(
     name="true_topk",
-    upload="dense float32 (server takes the top-k)",
-    client_state="none",
-    paper="Rothchild et al., ICML 2020",
-    encode=encode,
-    layout=layout,
-    init=topk_init,
-    step=topk_step,
+    docs=Docs("dense float32 (server takes the top-k)", "none", "Rothchild et al., ICML 2020"),
+    client=Client(encode),
+    server=Server(topk_init, topk_step),
+    wire=Wire(layout),
+    privacy=Privacy(linear=True),
     uses=("k", "momentum", "momentum-zeroing"),
     sweep={"k": "k"},
-    linear=True,
 )
 
 METHODS = (FEDAVG, TRUE_TOPK)

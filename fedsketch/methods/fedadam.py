@@ -14,7 +14,7 @@ import torch
 
 from fedsketch.algorithms import fedadam
 from fedsketch.methods.dense import encode, layout, mean_update
-from fedsketch.methods.method import Method, Round
+from fedsketch.methods.method import Client, Docs, Method, Privacy, Round, Server, Wire
 from fedsketch.setting import Setting
 
 if TYPE_CHECKING:
@@ -43,14 +43,11 @@ def step(state: fedadam.AdamState, rnd: Round, cfg: RunConfig) -> tuple[fedadam.
 
 METHOD = Method(
     name="fedadam",
-    upload="dense float32",
-    client_state="none",
-    paper="Reddi et al., ICLR 2021",
-    encode=encode,
-    layout=layout,
-    init=init,
-    step=step,
+    docs=Docs("dense float32", "none", "Reddi et al., ICLR 2021"),
+    client=Client(encode),
+    server=Server(init, step),
+    wire=Wire(layout),
+    privacy=Privacy(linear=True),
     settings=(BETA2, TAU),
     uses=("momentum",),
-    linear=True,
 )

@@ -22,7 +22,20 @@ import torch
 from fedsketch import wire
 from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import fetchsgd, fidelity
-from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadSpec, Round, State
+from fedsketch.methods.method import (
+    Client,
+    ClientJob,
+    ClientUpdate,
+    Docs,
+    Method,
+    Payload,
+    PayloadSpec,
+    Privacy,
+    Round,
+    Server,
+    State,
+    Wire,
+)
 from fedsketch.setting import Setting
 from fedsketch.sketch import CountSketch
 
@@ -157,20 +170,12 @@ def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
 
 METHOD = Method(
     name="fetchsgd",
-    upload="Count Sketch of the gradient",
-    client_state="none (server)",
-    paper="Rothchild et al., ICML 2020",
-    encode=encode,
-    layout=layout,
-    init=init,
-    step=step,
+    docs=Docs("Count Sketch of the gradient", "none (server)", "Rothchild et al., ICML 2020"),
+    client=Client(encode),
+    server=Server(init, step, report=report),
+    wire=Wire(layout, round_config, diagnostic),
+    privacy=Privacy(linear=True, norm=norm, sensitivity=sensitivity),
     settings=(ERROR_FEEDBACK, LR_PLACEMENT),
     uses=("k", "sketch-rows", "sketch-cols", "momentum", "momentum-zeroing", "diagnose-sketch"),
     sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k"},
-    linear=True,
-    round_config=round_config,
-    norm=norm,
-    sensitivity=sensitivity,
-    report=report,
-    diagnostic=diagnostic,
 )

@@ -1,9 +1,9 @@
 """What a method is: one record that the clients, the server, the config check and the tools all read.
 
 A method (FetchSGD, Rothchild et al., ICML 2020; or one of its baselines) is
-what a client computes and uploads (:attr:`Method.encode`, :attr:`Method.layout`),
+what a client computes and uploads (:attr:`Client.encode`, :attr:`Wire.layout`),
 what the server does with the round's uploads, as an explicit state transition
-(:attr:`Method.init`, :attr:`Method.step`, the fedjax shape), and facts the rest
+(:attr:`Server.init`, :attr:`Server.step`, the fedjax shape), and facts the rest
 of the project derives from: the settings it reads and which of them may be
 swept, whether its uploads add up (so they may be merged, clipped, noised and
 summed securely), and how much memory its clients keep. Everything else (Flower
@@ -56,14 +56,14 @@ class ClientJob:
 
     cid: int
     server_round: int
-    round_config: Mapping[str, int] = field(default_factory=dict)  # the round's :attr:`Method.round_config`
+    round_config: Mapping[str, int] = field(default_factory=dict)  # the round's :attr:`Wire.round_config`
     state: State = field(default_factory=dict)  # what it kept from its last round ({} the first time)
     request: Payload = field(default_factory=dict)  # arrays the server sent to it alone
 
 
 @dataclass(frozen=True)
 class Query:
-    """A two-exchange method's question to a round's clients, from :attr:`Method.ask`.
+    """A two-exchange method's question to a round's clients, from :attr:`Server.ask`.
 
     The round loop sends ``payload`` to the clients ``cids`` (each billed it), checks
     their answers against ``layout`` and calls the method's ``step`` with them
@@ -89,7 +89,7 @@ class Round:
     updates: list[ClientUpdate]  # accepted, validated, clipped, sorted by client id
     d: int
     device: torch.device
-    query: Query | None = None  # what :attr:`Method.ask` asked this round (two-exchange methods)
+    query: Query | None = None  # what :attr:`Server.ask` asked this round (two-exchange methods)
     answers: tuple[ClientUpdate, ...] = ()  # the accepted answers to ``query``
 
 
@@ -145,86 +145,96 @@ def update_norm(u: ClientUpdate, cfg: RunConfig, d: int) -> float:
 
 
 @dataclass(frozen=True)
-class Method:
-    """Everything about one method, in one place (see the module docstring).
+class Docs:
+    """The methods table's line: what a client uploads, what it keeps, and the paper."""
 
-    Attributes
-    ----------
-    name, upload, client_state, paper
-        The strategy name and the methods table's line: what a client uploads,
-        what it keeps, and the paper.
-    encode
-        Client: ``(update, job, cfg) -> (payload, state to keep)``.
-    layout
-        Server: ``(cfg, d, server_round) -> `` the exact layout every payload must have, or a decoder
-        that checks it.
-    init, step
-        Server: ``init(cfg, d, device) -> state`` and ``step(state, round, cfg) -> (state, Delta)``;
-        the model then moves by ``w -= Delta``. Both are pure: no messages, no files.
-    ask
-        Server, two-exchange methods only: ``ask(state, round, cfg) -> Query``, what to ask the
-        round's clients before ``step``, which then reads the answers in ``round.answers``
-        (:func:`server_step` runs the two halves).
-    settings
-        Settings only this method reads, declared in its module.
-    uses
-        Shared run settings it reads besides the common ones (``k``, ``sketch-cols``, ...).
-    sweep
-        The settings that change what it uploads, each with its short name in a sweep point's folder.
-    linear
-        Whether uploads add up: the server merges them by a weighted sum, so they may be
-        noised for differential privacy and summed under secure aggregation.
-    state_vectors
-        How many float32 vectors of length d a client keeps between rounds (0: stateless).
-    round_config
-        Keys every client of a round receives and echoes back (e.g. the sketch's seed and shape).
-    answer
-        Client: a second exchange's answer from the kept state (Sketched-SGD's exact values,
-        PowerSGD's Q), and the state to keep from then on (``None``: as it was).
-    requests
-        Server: arrays each sampled client receives with the model (counted in its download). ``cids`` may
-        hold ``wire.NEW_CLIENT``, a client the server cannot name yet (deployment: a node's first contact):
-        what any client the server has not heard from needs (PowerSGD's warm start), or nothing.
-    norm
-        The norm ``clip-norm`` bounds; ``None``: the method's uploads cannot be clipped.
-    sensitivity
-        An upload's Frobenius norm per unit of the update's norm (``sqrt(rows)`` for a sketch).
-    report
-        Method-specific metrics for the next metrics row, from (and resetting) tallies in its state.
-    diagnostic
-        The diagnostic arrays each client must add beside its payload (``diagnose-sketch``), if any.
-    check
-        Raises ``ConfigError`` if the settings do not fit a model of d parameters (run before training).
-    commit
-        For methods whose clients keep state: when a client's new state counts as applied, once its
-        upload was used in an applied round (``"upload"``) or only once it also answered the round's
-        second exchange (``"answer"``); until then the client keeps it pending
-        (:mod:`fedsketch.client_state`).
-    """
-
-    name: str
     upload: str
     client_state: str
     paper: str
+
+
+@dataclass(frozen=True)
+class Client:
+    """What a client computes and keeps.
+
+    ``encode(update, job, cfg) -> (payload, state to keep)``; ``answer(state, query, cfg) ->
+    (payload, state to keep or None: as it was)``, a second exchange's answer from the kept state
+    (Sketched-SGD's exact values, PowerSGD's Q); ``state_vectors(cfg)``: how many float32 vectors
+    of length d it keeps between rounds (0: stateless); ``commit``: when its new state counts as
+    applied, once its upload was used in an applied round (``"upload"``) or only once it also
+    answered the round's second exchange (``"answer"``); until then it is pending
+    (:mod:`fedsketch.client_state`).
+    """
+
     encode: Encoder
-    layout: Callable[[RunConfig, int, int], Layout]
+    answer: Callable[[State, Payload, RunConfig], tuple[Payload, State | None]] | None = None
+    state_vectors: Callable[[RunConfig], int] = stateless
+    commit: str = "upload"
+
+
+@dataclass(frozen=True)
+class Server:
+    """The server's side, as explicit state transitions (the fedjax shape), all pure.
+
+    ``init(cfg, d, device) -> state``; ``step(state, round, cfg) -> (state, Delta)``, the model
+    moves by ``w -= Delta``; ``ask(state, round, cfg) -> Query``, two-exchange methods only: what
+    to ask the round's clients before ``step``, which reads the answers in ``round.answers``
+    (:func:`server_step`); ``requests(state, cids, cfg, d)``: arrays each sampled client receives
+    with the model, where ``cids`` may hold ``wire.NEW_CLIENT`` (a deployed node's first contact);
+    ``report(state, cfg)``: method-specific metrics columns, from (and resetting) tallies in its state.
+    """
+
     init: Callable[[RunConfig, int, torch.device], ServerState]
     step: Callable[[ServerState, Round, RunConfig], tuple[ServerState, torch.Tensor]]
     ask: Callable[[ServerState, Round, RunConfig], Query] | None = None
+    requests: Callable[[ServerState, list[int], RunConfig, int], dict[int, Payload]] = no_requests
+    report: Callable[[ServerState, RunConfig], tuple[ServerState, dict[str, float]]] = no_report
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What travels: ``layout(cfg, d, server_round)``, the exact layout every payload must have or a
+    decoder that checks it; ``round_config(cfg)``, keys every client of a round receives and echoes
+    back (the sketch's seed and shape); ``diagnostic(cfg, d)``, arrays a client adds beside its
+    payload for diagnostics only (``diagnose-sketch``)."""
+
+    layout: Callable[[RunConfig, int, int], Layout]
+    round_config: Callable[[RunConfig], dict[str, int]] = no_round_config
+    diagnostic: Callable[[RunConfig, int], PayloadSpec | None] = no_diagnostic
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """What clipping, DP and secure aggregation need: ``linear``, uploads add up (merged by a weighted
+    sum, so they may be noised and summed securely); ``norm``, what ``clip-norm`` bounds (``None``:
+    uploads cannot be clipped); ``sensitivity``, an upload's Frobenius norm per unit of the update's
+    norm (``sqrt(rows)`` for a sketch)."""
+
+    linear: bool = False
+    norm: Callable[[ClientUpdate, RunConfig, int], float] | None = update_norm
+    sensitivity: Callable[[RunConfig], float] = unit_sensitivity
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method (see the module docstring): its name, a few small records, and its settings.
+
+    ``settings``: settings only it reads, declared in its module; ``uses``: shared run settings it
+    reads besides the common ones (``k``, ``sketch-cols``, ...); ``sweep``: the settings that change
+    what it uploads, each with its short name in a sweep point's folder; ``check``: raises
+    ``ConfigError`` if the settings do not fit a model of d parameters (run before training).
+    """
+
+    name: str
+    docs: Docs
+    client: Client
+    server: Server
+    wire: Wire
+    privacy: Privacy = Privacy()
     settings: tuple[Setting[Any], ...] = ()
     uses: tuple[str, ...] = ()
     sweep: Mapping[str, str] = field(default_factory=dict)
-    linear: bool = False
-    state_vectors: Callable[[RunConfig], int] = stateless
-    round_config: Callable[[RunConfig], dict[str, int]] = no_round_config
-    answer: Callable[[State, Payload, RunConfig], tuple[Payload, State | None]] | None = None
-    requests: Callable[[ServerState, list[int], RunConfig, int], dict[int, Payload]] = no_requests
-    norm: Callable[[ClientUpdate, RunConfig, int], float] | None = update_norm
-    sensitivity: Callable[[RunConfig], float] = unit_sensitivity
-    report: Callable[[ServerState, RunConfig], tuple[ServerState, dict[str, float]]] = no_report
-    diagnostic: Callable[[RunConfig, int], PayloadSpec | None] = no_diagnostic
     check: Callable[[RunConfig, int], None] = no_check
-    commit: str = "upload"
 
     def reads(self, key: str) -> bool:
         """Whether a run of this method reads setting ``key`` (shared or its own)."""
@@ -243,12 +253,12 @@ def server_step(
     ValueError
         If the method asks a second question and no ``ask`` was given.
     """
-    if method.ask is not None:
+    if method.server.ask is not None:
         if ask is None:
             raise ValueError(f"{method.name}'s step needs the round's second exchange")
-        query = method.ask(state, rnd, cfg)
+        query = method.server.ask(state, rnd, cfg)
         wanted = set(query.cids)
         answers = ask([u for u in rnd.updates if u.cid in wanted], query)
         rnd = replace(rnd, query=query, answers=tuple(a for a in answers if a.cid in wanted))
-    state, delta = method.step(state, rnd, cfg)
+    state, delta = method.server.step(state, rnd, cfg)
     return state, delta, rnd

@@ -33,7 +33,20 @@ import torch
 from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd, powersgd
 from fedsketch.compress import derive_seed
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Query, Round, State
+from fedsketch.methods.method import (
+    Client,
+    ClientJob,
+    Docs,
+    Method,
+    Payload,
+    PayloadSpec,
+    Privacy,
+    Query,
+    Round,
+    Server,
+    State,
+    Wire,
+)
 from fedsketch.setting import Setting
 from fedsketch.task import load_data, make_model
 
@@ -123,7 +136,7 @@ def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDStat
         If the round carries no query (:func:`~fedsketch.methods.method.server_step` asks it).
     """
     if rnd.query is None:
-        raise ValueError("PowerSGD's step needs its query and the answers (Method.ask)")
+        raise ValueError("PowerSGD's step needs its query and the answers (Server.ask)")
     p, carry = plan(cfg), rnd.query.carry
     examples = {u.cid: u.num_examples for u in rnd.updates}
     answered = [a for a in rnd.answers if a.cid in examples]
@@ -143,20 +156,16 @@ def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDStat
 
 METHOD = Method(
     name="powersgd",
-    upload="rank-r factors P, then Q, of each weight matrix; vectors whole",
-    client_state="error, d floats",
-    paper="Vogels et al., NeurIPS 2019",
-    encode=encode,
-    layout=layout,
-    init=init,
-    step=step,
-    ask=ask,
+    docs=Docs(
+        "rank-r factors P, then Q, of each weight matrix; vectors whole",
+        "error, d floats",
+        "Vogels et al., NeurIPS 2019",
+    ),
+    client=Client(encode, answer, state_vectors=lambda cfg: 1, commit="answer"),
+    server=Server(init, step, ask=ask, requests=requests),
+    wire=Wire(layout),
+    privacy=Privacy(norm=None),
     settings=(RANK,),
     uses=("momentum",),
     sweep={"powersgd-rank": "rank"},
-    state_vectors=lambda cfg: 1,
-    answer=answer,
-    requests=requests,
-    norm=None,
-    commit="answer",
 )

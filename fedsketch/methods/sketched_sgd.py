@@ -22,7 +22,20 @@ from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.methods.fetchsgd import layout, round_config
-from fedsketch.methods.method import ClientJob, Method, Payload, PayloadSpec, Query, Round, State
+from fedsketch.methods.method import (
+    Client,
+    ClientJob,
+    Docs,
+    Method,
+    Payload,
+    PayloadSpec,
+    Privacy,
+    Query,
+    Round,
+    Server,
+    State,
+    Wire,
+)
 from fedsketch.setting import ConfigError, Setting
 
 if TYPE_CHECKING:
@@ -108,7 +121,7 @@ def step(state: sketched_sgd.ServerState, rnd: Round, cfg: RunConfig) -> tuple[s
         If the round carries no query (:func:`~fedsketch.methods.method.server_step` asks it).
     """
     if rnd.query is None:
-        raise ValueError("Sketched-SGD's step needs its query and the answers (Method.ask)")
+        raise ValueError("Sketched-SGD's step needs its query and the answers (Server.ask)")
     p, cands = params(cfg, rnd.d), rnd.query.carry["candidates"]
     examples = {u.cid: u.num_examples for u in rnd.updates}
     answered = [a for a in rnd.answers if a.cid in examples]
@@ -141,21 +154,13 @@ def check(cfg: RunConfig, d: int) -> None:
 
 METHOD = Method(
     name="sketched_sgd",
-    upload="sketch, then exact values at candidates",
-    client_state="momentum and error",
-    paper="Ivkin et al., NeurIPS 2019",
-    encode=encode,
-    layout=layout,
-    init=init,
-    step=step,
-    ask=ask,
+    docs=Docs("sketch, then exact values at candidates", "momentum and error", "Ivkin et al., NeurIPS 2019"),
+    client=Client(encode, answer, state_vectors=lambda cfg: 2 if cfg.momentum > 0 else 1),
+    server=Server(init, step, ask=ask, requests=requests),
+    wire=Wire(layout, round_config),
+    privacy=Privacy(norm=None),
     settings=(CANDIDATE_FACTOR,),
     uses=("k", "sketch-rows", "sketch-cols", "momentum"),
     sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k", "candidate-factor": "cf"},
-    state_vectors=lambda cfg: 2 if cfg.momentum > 0 else 1,
-    round_config=round_config,
-    answer=answer,
-    requests=requests,
-    norm=None,
     check=check,
 )
