@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments import runner
-from experiments.launch import Federation
-from experiments.runner import Experiment
+from experiments.flower.launch import Federation
+from experiments.running import runner
+from experiments.running.runner import Experiment
 from fedsketch.setting import ConfigError
 
 INPUTS = "_inputs"
@@ -106,7 +106,7 @@ def prepare(
     strategies: Sequence[str] | None = None,
 ) -> Experiment:
     """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
-    from experiments.preflight import check_runs
+    from experiments.running.preflight import check_runs
 
     overrides = {**overrides, "out-dir": str(out)}
     experiment = runner.load_experiment(
@@ -118,10 +118,10 @@ def prepare(
 
 
 def federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
-    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.launch`)."""
+    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.flower.launch`)."""
     import torch
 
-    from experiments.launch import cpus_per_node, default_backend, gpus_per_node
+    from experiments.flower.launch import cpus_per_node, default_backend, gpus_per_node
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
@@ -137,7 +137,7 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None) 
 
 def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:
     """Run a prepared experiment's runs in this process, print their outcomes; the command's exit code."""
-    from experiments.plan import Plan, run_plan
+    from experiments.running.command_plan import Plan, run_plan
 
     return run_plan(Plan.from_json(Plan.of(experiment.runs, fed, plot=plot).to_json()))
 

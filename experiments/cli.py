@@ -11,14 +11,14 @@
 FetchSGD against local top-k and uncompressed training on generated data,
 through Flower's simulation runtime, then draws the plots and writes the
 report. ``run`` and ``plan`` first check every run's data and model
-(experiments/preflight.py); the Python API is experiments/api.py. An experiment
+(experiments/running/preflight.py); the Python API is experiments/api.py. An experiment
 file's ``[sweep]`` table runs each strategy at every point of a grid of
-compression settings (see experiments/sweep.py).
+compression settings (see experiments/running/sweep.py).
 
 Ctrl-C (SIGINT) or SIGTERM stops ``run`` and ``deploy`` with every process they
 started (exit 130 / 143; a second one forces), keeping what was measured;
 SIGUSR1 skips only the current run; the next command stops what a SIGKILLed
-one left (experiments/stopping.py, docs/stopping.md).
+one left (experiments/running/stopping.py, docs/stopping.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.plan import APP_DIR, RUN_PLAN
+from experiments.running.command_plan import APP_DIR, RUN_PLAN
 from fedsketch.setting import ConfigError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         help="accuracies to report bytes-to-target for (default: 90%% of the best final)",
     )
     _add_deploy_parser(sub)
-    run_plan_parser = sub.add_parser(RUN_PLAN)  # internal: the second half of `run` (experiments/plan.py)
+    run_plan_parser = sub.add_parser(RUN_PLAN)  # internal: the second half of `run` (running/command_plan.py)
     run_plan_parser.add_argument("plan", type=Path)
     return parser
 
@@ -121,24 +121,26 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
-    from experiments import api, forecast, plan, runner
+    from experiments import api
+    from experiments.running import command_plan, forecast, runner
 
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
     federation = api.federation(args.supernodes, args.gpus_per_node, args.backend)
-    validated = plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
+    validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
     todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
     if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
         print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
     if args.as_program:
-        plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch (experiments/plan.py)
-    return plan.run_plan(plan.Plan.from_json(validated.to_json()))
+        command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
+    return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Validate every run as ``run`` does; print what each will send (experiments/forecast.py); start no Flower."""
-    from experiments import api, forecast, runner
+    """Validate every run as ``run`` does; print what each will send (running/forecast.py); start no Flower."""
+    from experiments import api
+    from experiments.running import forecast, runner
 
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
@@ -149,15 +151,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
     """The second half of ``run``: the plan the first half validated and wrote."""
-    from experiments.plan import read_plan, run_plan
+    from experiments.running.command_plan import read_plan, run_plan
 
     return run_plan(read_plan(args.plan))
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw the plots of one experiment folder; name the runs that were stopped before their last round."""
-    from experiments.plots import plot_experiment
-    from experiments.results import collect_groups
+    from experiments.analysis.plots import plot_experiment
+    from experiments.analysis.results import collect_groups
 
     for plot in plot_experiment(args.run_dir):
         print(plot.path)
@@ -169,7 +171,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write and print the report of one experiment folder."""
-    from experiments.report import write_report
+    from experiments.analysis.report import write_report
 
     try:
         _, markdown = write_report(args.run_dir, args.target)
@@ -211,11 +213,13 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
-    from experiments import api, deploy, runner, stopping
-    from experiments.plan import conclude
-    from experiments.preflight import check_runs
-    from experiments.progress import RunWatcher, make_progress
-    from experiments.recipe import kit_runs, write_kit
+    from experiments import api
+    from experiments.deployment import deploy
+    from experiments.deployment.recipe import kit_runs, write_kit
+    from experiments.running import runner, stopping
+    from experiments.running.command_plan import conclude
+    from experiments.running.preflight import check_runs
+    from experiments.running.progress import RunWatcher, make_progress
     from fedsketch import runlog
 
     try:
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    from experiments.stopping import Interrupted
+    from experiments.running.stopping import Interrupted
 
     args = _parser().parse_args(argv)
     args.as_program = argv is None

@@ -9,7 +9,7 @@ run that was stopped before its last round (interrupted, or skipped on
 request; see ``docs/stopping.md``); a finished run has none.
 
 A sweep point of an experiment runs with ``experiment = "NAME/POINT"`` (e.g.
-``"default/rows3-cols5000"``, see ``experiments/sweep.py``): the ServerApp
+``"default/rows3-cols5000"``, see ``experiments/running/sweep.py``): the ServerApp
 learns where to write only from the run config, and the run config has no
 other free-form field that a sweep could name itself in. Its folder is
 ``<out-dir>/NAME/<strategy>/POINT``, beside the strategy's other points.
@@ -43,7 +43,7 @@ CHECKPOINT = "checkpoint.pt"
 
 class RunSpec(Protocol):
     """What the run folders need of a run: a :class:`~fedsketch.config.RunConfig`, or its saved settings
-    (:class:`experiments.plan.PlannedRun`, which needs no torch)."""
+    (:class:`experiments.running.command_plan.PlannedRun`, which needs no torch)."""
 
     @property
     def experiment(self) -> str: ...

@@ -87,7 +87,7 @@ def schedule_for(grid: object) -> PollSchedule:
 
 
 def clock_of(grid: object) -> Clock:
-    """The grid's own clock if it keeps one (the in-process federation, ``experiments/inprocess.py``), else the wall's."""
+    """The grid's own clock if it keeps one (``experiments/running/inprocess_grid.py``), else the wall's."""
     clock = getattr(grid, "clock", None)
     return clock if isinstance(clock, Clock) else WALL_CLOCK
 

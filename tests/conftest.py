@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import procs
+from experiments.flower import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOWER_PROCESSES = "flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
@@ -21,7 +21,7 @@ SESSION_TAG = "FEDSKETCH_TEST_SESSION"
 LEFTOVER_GRACE_S = 10.0
 """How long a process found at the end of a test may take to exit by itself before it counts as left behind."""
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
-# Commands started by tests record their tokens here, not in the user's state folder (experiments/stopping.py).
+# Commands started by tests record their tokens here, not in the user's state folder (experiments/running/stopping.py).
 os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
 
 

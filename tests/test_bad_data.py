@@ -129,8 +129,8 @@ def test_bad_input_is_refused_before_flower_starts(lab: Path, case: str, capsys:
 
 
 def test_the_clean_data_passes_the_same_checks(lab: Path) -> None:
-    from experiments.preflight import check_runs
-    from experiments.runner import DEFAULT_CONFIG, load_experiment
+    from experiments.running.preflight import check_runs
+    from experiments.running.runner import DEFAULT_CONFIG, load_experiment
 
     np.savez(lab / "data.npz", **_clean())  # type: ignore[arg-type]
     (checked,) = check_runs(load_experiment(DEFAULT_CONFIG, _settings(lab, {}), None, ["fetchsgd"]).runs)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
 from fedsketch.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig

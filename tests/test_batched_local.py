@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.batched import LocalClient, functional_copy, per_client_local_training
 from fedsketch.cohort import run_cohort
 from fedsketch.compress.common import payload_nbytes

@@ -1,4 +1,4 @@
-"""The paper-shape benchmark (experiments/bench_paper.py): its stand-in data, its runs, and its table."""
+"""The paper-shape benchmark (experiments/bench/bench_paper.py): its stand-in data, its runs, and its table."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import bench_paper
+from experiments.bench import bench_paper
 from fedsketch.task import load_data
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import checkpoint
 from fedsketch.checkpoint import CheckpointError
 from fedsketch.config import ConfigError, RunConfig

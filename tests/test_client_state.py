@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.client_state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy

@@ -18,7 +18,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import METHODS

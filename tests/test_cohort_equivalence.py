@@ -19,7 +19,7 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runner import load_experiment
+from experiments.running.runner import load_experiment
 from fedsketch.config import ConfigError, check_against_model
 from fedsketch.task import load_data, make_model
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from clients.messages import client_metrics, payload_to_record, wire_bytes
-from experiments import runner
 from experiments.cli import main as fedsketch_main
-from experiments.deploy import Deployment, LocalFederation, node_settings
-from experiments.flower_procs import stop_group
-from experiments.pki import make_node_keys
+from experiments.deployment.deploy import Deployment, LocalFederation, node_settings
+from experiments.deployment.pki import make_node_keys
+from experiments.flower.flower_procs import stop_group
+from experiments.running import runner
 from fedsketch.config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-from experiments import runner
 from experiments.cli import main as fedsketch_main
-from experiments.deploy import Deployment, node_settings
-from experiments.recipe import write_kit
+from experiments.deployment.deploy import Deployment, node_settings
+from experiments.deployment.recipe import write_kit
+from experiments.running import runner
 
 
 def test_kit_has_a_server_certificate_for_the_server_and_loopback_signed_by_its_ca(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy

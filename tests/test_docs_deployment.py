@@ -41,9 +41,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key, load_ssh_public_key
 
-from experiments import procs
-from experiments.flower_procs import free_port
-from experiments.procs import processes_with_env
+from experiments.flower import procs
+from experiments.flower.flower_procs import free_port
+from experiments.flower.procs import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "deployment.md"

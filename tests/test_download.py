@@ -13,7 +13,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
 from clients.messages import payload_to_record, wire_bytes
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import download, wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model

@@ -1,4 +1,4 @@
-"""Methods at equal total bytes (experiments/equal_bytes.py), on run folders written here."""
+"""Methods at equal total bytes (experiments/analysis/equal_bytes.py), on run folders written here."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from run_folders import MB, two_methods, write_seed
 
-from experiments import equal_bytes
-from experiments.results import collect_groups
+from experiments.analysis import equal_bytes
+from experiments.analysis.results import collect_groups
 
 
 def test_budget_is_the_smallest_total_and_accuracy_is_read_within_it(tmp_path: Path) -> None:

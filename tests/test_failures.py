@@ -12,8 +12,8 @@ import pytest
 from flwr.app import Array, ConfigRecord, Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from experiments.inprocess import InProcessGrid, task_identity
-from experiments.results import failed_replies
+from experiments.analysis.results import failed_replies
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData

@@ -13,9 +13,10 @@ import pytest
 import torch
 from flwr.serverapp import Grid
 
-from experiments import runner
+from experiments.analysis.results import format_bytes
 from experiments.cli import main as fedsketch_main
-from experiments.forecast import (
+from experiments.running import runner
+from experiments.running.forecast import (
     COLUMNS,
     REGIME_COLS_PER_K,
     FirstRound,
@@ -26,9 +27,8 @@ from experiments.forecast import (
     sketch_note,
     table,
 )
-from experiments.inprocess import InProcessGrid, task_identity
-from experiments.progress import LineProgress, RunWatcher, time_left
-from experiments.results import format_bytes
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch import runlog
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES

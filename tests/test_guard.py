@@ -13,7 +13,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from clients.messages import model_record
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import payload_norm

@@ -19,10 +19,10 @@ from flwr.common.logger import log as flower_log
 from clients.forked import install_once
 from clients.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
 from clients.launcher import LauncherOptions, supernode_argv
-from experiments.deploy import TAG, Deployment, LocalFederation, node_settings
-from experiments.deploy_commands import superlink_command, supernode_command
-from experiments.flower_procs import bin_path, flower_env, free_port, stop_group
-from experiments.procs import stop_carrying
+from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
+from experiments.deployment.deploy_commands import superlink_command, supernode_command
+from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group
+from experiments.flower.procs import stop_carrying
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@
 and keeps what that top-k left out (Stich et al., NeurIPS 2018). ``none``: the
 top-k of its own update, nothing kept (FetchSGD's local top-k baseline,
 Rothchild et al., ICML 2020). Rounds run through the real strategy and the real
-ClientApp in one process (:mod:`experiments.inprocess`); every client takes part
+ClientApp in one process (:mod:`experiments.running.inprocess_grid`); every client takes part
 in every round, and each upload is checked against the client's update, which
 the test recomputes from the model the server sent and the client's own data.
 """
@@ -25,7 +25,7 @@ from method_helpers import encode
 
 from clients.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import runlog, wire
 from fedsketch.client_state import state_root
 from fedsketch.compress.topk import decompress

@@ -4,7 +4,7 @@
 (deployment) sends each sampled node one message and the node trains as its
 own ``partition-id``, which the server learns only from its reply. Each method
 runs two rounds of three of four clients, through the real strategy and the
-real ClientApp (:class:`experiments.inprocess.InProcessGrid`, one ``Context``
+real ClientApp (:class:`experiments.running.inprocess_grid.InProcessGrid`, one ``Context``
 per node): both rounds must have every sampled client contribute and must move
 the model, as the models sent to the nodes show. Round 2 samples client 0 for
 the first time, so in node mode a node the server has not heard from joins a
@@ -26,7 +26,7 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES

@@ -1,4 +1,7 @@
-"""The participation map's reader, table and figure (experiments/participation.py), on run folders written here."""
+"""The participation map's reader, table and figure, on run folders written here.
+
+The code: ``experiments/analysis/participation.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 import pytest
 from run_folders import two_methods, write_seed
 
-from experiments import participation
+from experiments.analysis import participation
 
 
 @pytest.fixture()

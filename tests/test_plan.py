@@ -1,4 +1,7 @@
-"""``fedsketch run`` validates, then runs its plan in a process that never imports torch (experiments/plan.py)."""
+"""``fedsketch run`` validates, then runs its plan in a process that never imports torch.
+
+The plan and its runner: ``experiments/running/command_plan.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from experiments import runner
-from experiments.launch import Federation
-from experiments.plan import Plan, PlannedRun
+from experiments.flower.launch import Federation
+from experiments.running import runner
+from experiments.running.command_plan import Plan, PlannedRun
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 WATCHING_HALF = [
     "experiments.cli",
-    "experiments.plan",
-    "experiments.runner",
-    "experiments.launch",
-    "experiments.progress",
-    "experiments.stopping",
-    "experiments.results",
+    "experiments.running.command_plan",
+    "experiments.running.runner",
+    "experiments.flower.launch",
+    "experiments.running.progress",
+    "experiments.running.stopping",
+    "experiments.analysis.results",
     "fedsketch.runlog",
 ]
 

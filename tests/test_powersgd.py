@@ -18,7 +18,7 @@ from method_helpers import encode
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook
 from torch.nn import functional as F
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.algorithms import powersgd
 from fedsketch.config import RunConfig

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.preflight import check_runs, model_size
-from experiments.results import failure_reason
+from experiments.analysis.results import failure_reason
+from experiments.running.preflight import check_runs, model_size
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.task import load_data, make_model
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from experiments.plots import PARETO, BytesFormatter, plot_experiment
-from experiments.progress import LineProgress, RunWatcher, make_progress
-from experiments.results import format_bytes
+from experiments.analysis.plots import PARETO, BytesFormatter, plot_experiment
+from experiments.analysis.results import format_bytes
+from experiments.running.progress import LineProgress, RunWatcher, make_progress
 from fedsketch import runlog
 
 

@@ -18,7 +18,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import client_state, wire
 from fedsketch.config import RunConfig
 from strategies.plan import sample_clients

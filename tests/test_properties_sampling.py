@@ -16,7 +16,7 @@ from typing import cast
 
 from flwr.serverapp import Grid
 
-from experiments.inprocess import InProcessGrid
+from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from strategies import plan

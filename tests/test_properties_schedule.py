@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.schedule import SCHEDULES, lr_at

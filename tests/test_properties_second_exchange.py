@@ -22,7 +22,7 @@ from test_client_state_exact import TINY, _drop, _round
 from test_properties_client_state import _participations
 
 from clients.client_app import ContextStates
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import client_state, wire
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.config import RunConfig

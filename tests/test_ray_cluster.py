@@ -39,10 +39,10 @@ import pytest
 from conftest import flower_pids
 from test_simulation_backend import TINY
 
-from experiments import procs
 from experiments.cli import main as fedsketch_main
-from experiments.flower_procs import free_port
-from experiments.launch import cpus_per_node
+from experiments.flower import procs
+from experiments.flower.flower_procs import free_port
+from experiments.flower.launch import cpus_per_node
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 CLUSTER_TAG = "FEDSKETCH_RAY_CLUSTER"

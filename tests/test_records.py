@@ -20,7 +20,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from clients.messages import model_record, payload_to_record, records_of, typed_record
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 

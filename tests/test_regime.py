@@ -1,4 +1,4 @@
-"""The regime map's reader and figure (experiments/regime.py), on run folders written here."""
+"""The regime map's reader and figure (experiments/analysis/regime.py), on run folders written here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from experiments import regime
+from experiments.analysis import regime
 
 D = 100_000
 

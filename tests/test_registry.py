@@ -16,8 +16,8 @@ import pytest
 import torch
 from method_helpers import encode
 
-from experiments.settings_doc import main as settings_doc
-from experiments.sweep import SWEEP_KEYS
+from experiments.running.sweep import SWEEP_KEYS
+from experiments.tools.settings_doc import main as settings_doc
 from fedsketch.config import DECLARED, RunConfig, field_keys
 from fedsketch.flat import num_params
 from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
@@ -96,7 +96,9 @@ def _checked(layout: Layout, payload: Payload) -> object:
 
 
 def test_pyproject_and_the_settings_page_list_every_declared_setting() -> None:
-    assert settings_doc(["--check"]) == 0, "docs/settings.md is out of date: run python -m experiments.settings_doc"
+    assert settings_doc(["--check"]) == 0, (
+        "docs/settings.md is out of date: run python -m experiments.tools.settings_doc"
+    )
     text = (ROOT / "pyproject.toml").read_text()
     for key in DECLARED:
         assert f"\n{key} = " in text, f"pyproject.toml's [tool.flwr.app.config] lacks {key}"

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clients.messages import copy_content, model_record
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES as STRATEGIES

@@ -1,11 +1,11 @@
 """Sweeps, plots and the report, end to end on a tiny sweep run by the real runner and real strategies.
 
-Each run goes through :func:`experiments.runner.run_all` as ``fedsketch run`` does;
+Each run goes through :func:`experiments.running.runner.run_all` as ``fedsketch run`` does;
 only Flower's transport is replaced: the run config is read back from the
 ``run_config.toml`` the runner wrote, and the ServerApp's strategy is driven
-with the real ClientApp in process (``experiments.inprocess.InProcessGrid``). Every
+with the real ClientApp in process (``experiments.running.inprocess_grid.InProcessGrid``). Every
 number the figures and the report show is then recomputed here from the
-``metrics.jsonl`` files, independently of ``experiments/results.py``.
+``metrics.jsonl`` files, independently of ``experiments/analysis/results.py``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from flwr.serverapp import Grid
 
-from experiments import runner
+from experiments.analysis.plots import PARETO, plot_experiment
+from experiments.analysis.report import write_report
+from experiments.analysis.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
 from experiments.cli import main as fedsketch_main
-from experiments.inprocess import InProcessGrid, task_identity
-from experiments.plots import PARETO, plot_experiment
-from experiments.report import write_report
-from experiments.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
+from experiments.running import runner
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import runlog
 from fedsketch.config import ConfigError, RunConfig
 from strategies.server_app import build_strategy

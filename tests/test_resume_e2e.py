@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments import procs
+from experiments.flower import procs
 from fedsketch import checkpoint
 from fedsketch.config import RunConfig
 
@@ -70,7 +70,7 @@ def kill_everything(proc: subprocess.Popen[bytes], flwr_home: Path) -> None:
     """SIGKILL, no grace: the CLI's group, then every process of the run's private Flower home.
 
     Ray's agents rename themselves and no longer show ``FLWR_HOME`` in ``/proc``: they are found
-    as children of the raylet before it goes (:func:`experiments.procs.carrying`).
+    as children of the raylet before it goes (:func:`experiments.flower.procs.carrying`).
     """
     seen: procs.Seen = {}
     procs.carrying("FLWR_HOME", str(flwr_home), seen)

@@ -5,7 +5,7 @@ examples and makes one step of Algorithm 1; Sketched-SGD (Ivkin et al.,
 NeurIPS 2019) applies ``lr`` times the top-k of the example-weighted mean of
 the exact values its second exchange collects. Both bill every exchange.
 
-Each run goes through the real ClientApp in process (``experiments/inprocess.py``)
+Each run goes through the real ClientApp in process (``experiments/running/inprocess_grid.py``)
 with a recorder on the grid; the expected model change is computed from what the
 clients actually sent, with the algorithms' public steps, and the expected
 bytes from the serialized records. Clients hold unequal amounts of data (the
@@ -23,7 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Message
 
 from clients.messages import record_to_payload, wire_bytes
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd
 from fedsketch.compress.sparse import decode_support

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import runner
+from experiments.running import runner
 from fedsketch import checkpoint, runlog
 from fedsketch.config import ConfigError
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import checked_mean, quantization_error

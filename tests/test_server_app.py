@@ -11,8 +11,8 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from experiments.cli import main
-from experiments.inprocess import InProcessGrid
-from experiments.launch import Federation, cpus_per_node, gpus_per_node
+from experiments.flower.launch import Federation, cpus_per_node, gpus_per_node
+from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner
 

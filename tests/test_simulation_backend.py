@@ -25,8 +25,8 @@ from flwr.clientapp.client_app import ClientAppException
 from clients import SIM_BACKEND_ENV, simulation_backend
 from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
-from experiments.inprocess import task_identity
-from experiments.launch import default_backend
+from experiments.flower.launch import default_backend
+from experiments.running.inprocess_grid import task_identity
 
 
 def _context(node_id: int = 1) -> Context:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from clients.messages import client_metrics, payload_to_record, wire_bytes
-from experiments import procs
 from experiments.cli import main as fedsketch_main
-from experiments.flower_procs import free_port, stop_pid_group
+from experiments.flower import procs
+from experiments.flower.flower_procs import free_port, stop_pid_group
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent

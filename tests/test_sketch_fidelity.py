@@ -23,8 +23,8 @@ import torch
 from flwr.app import Message
 
 from clients.messages import payload_to_record, wire_bytes
-from experiments.inprocess import InProcessGrid, task_identity
-from experiments.plots_fidelity import FIGURE, plot_fidelity
+from experiments.analysis.plots_fidelity import FIGURE, plot_fidelity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import checkpoint, wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig

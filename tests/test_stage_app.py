@@ -1,4 +1,4 @@
-"""experiments/launch.py's stage_app: `flwr run` gets a copy of exactly the files Flower would put in the FAB."""
+"""experiments/flower/launch.py's stage_app: `flwr run` gets a copy of exactly the files Flower would put in the FAB."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
-from experiments.launch import stage_app
+from experiments.flower.launch import stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 

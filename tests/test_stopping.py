@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import procs, runner, stopping
 from experiments.cli import main as fedsketch_main
-from experiments.procs import processes_with_env
+from experiments.flower import procs
+from experiments.flower.procs import processes_with_env
+from experiments.running import runner, stopping
 from fedsketch import checkpoint, runlog
 from fedsketch.config import RunConfig
 

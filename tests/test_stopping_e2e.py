@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main as fedsketch_main
-from experiments.procs import processes_with_env
-from experiments.stopping import GRACE_S, TOKEN_VAR
+from experiments.flower.procs import processes_with_env
+from experiments.running.stopping import GRACE_S, TOKEN_VAR
 from fedsketch import runlog
 
 ROOT = Path(__file__).resolve().parent.parent

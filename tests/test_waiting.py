@@ -1,6 +1,6 @@
 """Waiting for replies: the poll schedule's properties, and the wait over the in-process federation.
 
-The in-process grid (``experiments/inprocess.py``) runs the real ClientApp when a request is
+The in-process grid (``experiments/running/inprocess_grid.py``) runs the real ClientApp when a request is
 pushed and hands each reply out from a given pull on; its waits pass on its own clock, so these
 tests count pulls and seconds of that clock exactly, and never time the machine.
 """
@@ -20,7 +20,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from clients.messages import model_record
-from experiments.inprocess import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies import waiting
 from strategies.server_app import build_strategy, poll_replies_sooner

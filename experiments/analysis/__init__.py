@@ -1,0 +1,1 @@
+"""Results and plots: reading run folders, reports, equal-bytes comparisons, participation and regime studies."""

@@ -1,0 +1,1 @@
+"""Benchmarks: time, memory and bytes of fedsketch, against a plain loop and against pfl-research."""

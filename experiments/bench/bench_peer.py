@@ -1,0 +1,334 @@
+"""fedsketch against its fastest peer, pfl-research, on one FedAvg job: time, start-up and memory.
+
+The job (issue 17): 1,000 clients of fedsketch's generated data (Synthetic(0.5,
+0.5), one client per generating device), 100 a round, 30 rounds, 5 local SGD
+steps of 64 samples at lr 0.1, the default MLP (299,018 parameters), the
+server's FedAvg step (lr 1, no momentum), the model evaluated on the held-out
+56,281 samples after every round. The data, each sample's client and the
+initial weights are built once and written to one ``.npz`` that both sides
+read (fedsketch as ``dataset = "npz"``); pfl's side draws the same clients and
+the same batches (``experiments/bench/peer_pfl.py``), so both end at the same test
+accuracy to a few digits, which is checked.
+
+The two sides run alternately, ``--runs`` times each, in fresh processes:
+
+- ``pfl``: ``peer_pfl.py`` in pfl's own virtual environment (``--pfl-python``);
+- ``fedsketch``: the whole command ``python -m experiments.cli run JOB.toml``
+  (validation, the Flower simulation, the plots and the report), once per
+  ``--supernodes`` value;
+- ``fedsketch FetchSGD``: the same command and clients with FetchSGD
+  (``--fetchsgd``), against pfl's FedAvg: what the sketch costs.
+
+For each it prints the median over runs of the seconds a round (median of
+rounds 2..30), the whole command, the time from the command's start to the end
+of round 1, and the peak PSS of the command's whole process tree
+(:mod:`experiments.flower.proctree`), and each run's ratio to the pfl run beside it
+(their median, range and every one), and FetchSGD's to FedAvg's in the same
+runs: what the sketch costs.
+``--breakdown`` adds, for the last run of each side, the PSS of each kind of
+process at the tree's peak and when it first appeared.
+
+pfl is not a dependency of fedsketch; create its environment once (it needs
+Python < 3.13) and point ``--pfl-python`` at it::
+
+    python3 -m venv /work/pflvenv && /work/pflvenv/bin/pip install "pfl[pytorch]==0.6.0" torch
+    python -m experiments.bench.bench_peer --runs 5 --pfl-python /work/pflvenv/bin/python --breakdown
+
+``--backends inprocess ray`` puts fedsketch's two simulation backends side by
+side (``fedsketch run --backend``, docs/simulation.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Literal, NotRequired, TypedDict
+
+import numpy as np
+
+from experiments.bench.bench_sim import round_times
+from experiments.flower.launch import BACKENDS
+from experiments.flower.proctree import TreeSampler, tag_env
+from fedsketch import runlog
+from fedsketch.config import RunConfig
+
+APP_DIR = Path(__file__).resolve().parents[2]
+PEER_SCRIPT = Path(__file__).resolve().parent / "peer_pfl.py"
+JOB = {
+    "num-clients": 1000,
+    "clients-per-round": 100,
+    "num-rounds": 30,
+    "eval-every": 1,
+    "seed": 0,
+    "model": "mlp",
+    "model-hidden": 512,
+    "client-update": "delta",
+    "local-steps": 5,
+    "local-batch-size": 64,
+    "client-lr": 0.1,
+    "lr": 1.0,
+    "momentum": 0.0,
+    "lr-schedule": "constant",
+}
+FETCHSGD = {"sketch-rows": 3, "sketch-cols": 30000, "k": 10000, "momentum": 0.9, "lr": 1.0}
+"""FetchSGD's settings on the same clients: a 3 x 30,000 sketch (3.3x smaller than the update), top 10,000."""
+
+
+Measure = Literal["round_s", "total_s", "first_round_s", "peak_mb"]
+
+
+class Run(TypedDict):
+    """One run of one side: seconds a round (median), the whole command, until round 1 ended; memory; accuracy."""
+
+    round_s: float
+    total_s: float
+    first_round_s: float
+    peak_mb: float
+    accuracy: float
+    tree: NotRequired[TreeSampler]  # its process tree's memory, by kind of process (for --breakdown)
+
+
+def build_job(folder: Path) -> Path:
+    """Generate the data once; write it, each training sample's client and the initial weights to one ``.npz``."""
+    from fedsketch.task import load_data, make_model
+
+    cfg = RunConfig.from_mapping({**JOB, "dataset": "synthetic", "partition": "natural"})
+    data = load_data(cfg)
+    owner = np.full(len(data.train_y), -1, dtype=np.int64)
+    for cid, idx in enumerate(data.client_indices):
+        owner[idx] = cid
+    params = {f"param_{i:02d}": p.detach().numpy() for i, p in enumerate(make_model(cfg, data).parameters())}
+    path = folder / "job.npz"
+    arrays = {
+        "x_train": data.train_x.numpy(),
+        "y_train": data.train_y.numpy(),
+        "x_test": data.test_x.numpy(),
+        "y_test": data.test_y.numpy(),
+        "client_ids": owner,
+        **params,
+    }
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub reads ** as allow_pickle
+    same = load_data(RunConfig.from_mapping({**JOB, "dataset": "npz", "data-root": str(path), "partition": "natural"}))
+    if any(not np.array_equal(a, b) for a, b in zip(same.client_indices, data.client_indices, strict=True)):
+        raise RuntimeError("the npz's natural partition differs from the generated one")
+    return path
+
+
+def write_experiment(folder: Path, job: Path, strategy: str) -> Path:
+    """The fedsketch experiment file for one side."""
+    run = {
+        **JOB,
+        "experiment": f"peer-{strategy}",
+        "dataset": "npz",
+        "data-root": str(job),
+        "partition": "natural",
+        "strategy": strategy,
+        **(FETCHSGD if strategy == "fetchsgd" else {}),
+    }
+    lines = ["[run]"] + [f"{key} = {json.dumps(value)}" for key, value in run.items()]
+    path = folder / f"{strategy}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, float, TreeSampler]:
+    """Run ``cmd`` in ``cwd`` to the end; returns its start (Unix time), its wall seconds and the tree's memory."""
+    env, tag = tag_env({**os.environ, "PYTHONPATH": str(cwd)})
+    start = time.time()
+    with TreeSampler(tag, start=start) as tree, open(log, "wb") as out:
+        code = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited with {code}; see {log}")
+    return start, time.time() - start, tree
+
+
+def run_pfl(python: str, job: Path, folder: Path) -> Run:
+    """One pfl run: per-round times from its own clock."""
+    cmd = [
+        python,
+        str(PEER_SCRIPT),
+        str(job),
+        "--rounds",
+        str(JOB["num-rounds"]),
+        "--per-round",
+        str(JOB["clients-per-round"]),
+        "--local-steps",
+        str(JOB["local-steps"]),
+        "--batch-size",
+        str(JOB["local-batch-size"]),
+        "--client-lr",
+        str(JOB["client-lr"]),
+    ]
+    log = folder / "pfl.log"
+    start, wall, tree = measure(cmd, log)
+    out = json.loads(log.read_text().strip().splitlines()[-1])
+    return _row(start, wall, tree, out["round_ends"], out["accuracy"][-1])
+
+
+def run_fedsketch(
+    experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR, backend: str | None = None
+) -> Run:
+    """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
+    out_dir = folder / "runs"
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "run",
+        str(experiment),
+        "--out",
+        str(out_dir),
+        "--supernodes",
+        str(supernodes),
+        *(["--backend", backend] if backend else []),
+    ]
+    start, wall, tree = measure(cmd, folder / "fedsketch.log", checkout)
+    strategy = experiment.stem
+    rows = runlog.read_metrics(out_dir / f"peer-{strategy}" / strategy)
+    if len(rows) != JOB["num-rounds"]:
+        raise RuntimeError(f"{len(rows)} metrics rows in {out_dir}; see {folder / 'fedsketch.log'}")
+    return _row(start, wall, tree, [float(r["unix_time"]) for r in rows], float(rows[-1]["test_accuracy"]))
+
+
+def _row(start: float, wall: float, tree: TreeSampler, ends: list[float], accuracy: float) -> Run:
+    times = round_times(ends, start)
+    return Run(
+        round_s=times["round_s"],
+        total_s=wall,
+        first_round_s=times["first_round_s"],
+        peak_mb=tree.peak_mb,
+        accuracy=accuracy,
+        tree=tree,
+    )
+
+
+RATIO_KEYS: tuple[Measure, ...] = ("round_s", "total_s", "peak_mb")
+
+
+def print_table(results: dict[str, list[Run]]) -> None:
+    """Medians over runs, and each run's ratio to the pfl run of the same round of the alternation."""
+    print("| | seconds a round (median) | whole command | round 1 done after | peak PSS, whole tree | final accuracy |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    keys: tuple[Measure, ...] = ("round_s", "total_s", "first_round_s", "peak_mb")
+    for name, runs in results.items():
+        med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}
+        accs = sorted({f"{float(r['accuracy']):.4f}" for r in runs})
+        print(
+            f"| {name} | {med['round_s']:.3f} | {med['total_s']:.1f} s | {med['first_round_s']:.1f} s "
+            f"| {med['peak_mb']:,.0f} MB | {', '.join(accs)} |"
+        )
+    print("\nSame-run ratios to pfl (each run against the pfl run beside it): median (min-max), then run by run:")
+    print("| | seconds a round | whole command | peak PSS |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, runs in results.items():
+        if name != "pfl":
+            print(f"| {name} | " + " | ".join(_ratios(runs, results["pfl"], k) for k in RATIO_KEYS) + " |")
+    fedavg = next((name for name in results if name.startswith("fedsketch FedAvg")), None)
+    fetchsgd = next((name for name in results if name.startswith("fedsketch FetchSGD")), None)
+    if fedavg and fetchsgd:
+        print(f"\nWhat the sketch costs: {fetchsgd} against {fedavg}, same runs:")
+        print("| | seconds a round | whole command | peak PSS |")
+        print("| --- | ---: | ---: | ---: |")
+        print(
+            "| FetchSGD / FedAvg | "
+            + " | ".join(_ratios(results[fetchsgd], results[fedavg], k) for k in RATIO_KEYS)
+            + " |"
+        )
+
+
+def _ratios(runs: list[Run], against: list[Run], key: Measure) -> str:
+    """``median (min-max): r1, r2, ...`` of each run's ``key`` over the run of ``against`` beside it."""
+    ratios = [float(r[key]) / float(a[key]) for r, a in zip(runs, against, strict=True)]
+    each = ", ".join(f"{x:.2f}" for x in ratios)
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}): {each}"
+
+
+def print_breakdown(results: dict[str, list[Run]]) -> None:
+    """PSS by kind of process at the tree's peak, and when each kind first appeared (last run of each side)."""
+    for name, runs in results.items():
+        tree = runs[-1]["tree"]
+        assert isinstance(tree, TreeSampler)
+        print(f"\n{name}: peak {tree.peak_mb:,.0f} MB PSS")
+        print("| process | PSS at the peak | of it anonymous | file-backed | shared memory | first seen after |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for role in sorted(tree.first_seen, key=tree.first_seen.__getitem__):
+            pss, anon, file, shmem = tree.at_peak.get(role, [0.0] * 4)
+            print(
+                f"| {role} | {pss:,.0f} MB | {anon:,.0f} MB | {file:,.0f} MB | {shmem:,.0f} MB "
+                f"| {tree.first_seen[role]:.1f} s |"
+            )
+
+
+def main() -> None:
+    """Build the job, alternate the sides, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--pfl-python", default="/work/pflvenv/bin/python", help="python of pfl's environment")
+    parser.add_argument("--supernodes", type=int, nargs="+", default=[2], help="one fedsketch row per value")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=[None],
+        choices=BACKENDS,
+        help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
+        "default, inprocess; an older --checkout has no choice)",
+    )
+    parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
+    parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=APP_DIR,
+        help="run the fedsketch side from this copy of the code (e.g. an earlier commit, for a baseline)",
+    )
+    args = parser.parse_args()
+    if not Path(args.pfl_python).exists():
+        sys.exit(f"no pfl environment at {args.pfl_python}; create it as this module's docstring says")
+    with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
+        folder = Path(tmp)
+        job = build_job(folder)
+        sides: dict[str, Callable[[Path], Run]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
+        fedavg = write_experiment(folder, job, "fedavg")
+        for backend, n in itertools.product(args.backends, args.supernodes):
+            name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"
+            sides[name] = partial(run_fedsketch, fedavg, n, checkout=args.checkout, backend=backend)
+        if args.fetchsgd:
+            fetch = write_experiment(folder, job, "fetchsgd")
+            n, backend = args.supernodes[0], args.backends[0]
+            name = f"fedsketch FetchSGD ({n} nodes{f', {backend}' if backend else ''})"
+            sides[name] = partial(run_fedsketch, fetch, n, checkout=args.checkout, backend=backend)
+        results: dict[str, list[Run]] = {name: [] for name in sides}
+        for i in range(args.runs):
+            for k, (name, side) in enumerate(sides.items()):
+                run_folder = folder / f"run{i}-{k}"
+                run_folder.mkdir()
+                results[name].append(side(run_folder))
+                r = results[name][-1]
+                print(
+                    f"run {i + 1} {name}: {r['round_s']:.3f} s/round, {r['total_s']:.1f} s, round 1 after "
+                    f"{r['first_round_s']:.1f} s, {r['peak_mb']:,.0f} MB, accuracy {r['accuracy']:.4f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(
+        f"FedAvg, {JOB['num-clients']:,} clients, {JOB['clients-per-round']} a round, {JOB['num-rounds']} rounds, "
+        f"{JOB['local-steps']} local steps; {args.runs} runs each, alternated"
+    )
+    print_table(results)
+    if args.breakdown:
+        print_breakdown(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""fedsketch on Flower's deployment runtime, on this machine: a SuperLink and N SuperNodes.
+
+Simulation (:mod:`experiments.flower.launch`) runs every client inside the SuperLink's
+process tree. A real federation runs one SuperLink on a server and one
+``flower-supernode`` per device, each told which data is its own with
+``--node-config "partition-id=I num-partitions=N"``; the ServerApp then runs in
+``client-assignment = "node"`` mode, one client per SuperNode.
+
+:class:`LocalFederation` starts such a federation on 127.0.0.1, with optional
+TLS and SuperNode authentication (certificates and keys from
+:mod:`experiments.deployment.pki`), runs fedsketch on it with ``flwr run``, and stops every
+process it started together with everything those spawned, found by a variable
+in their environment (the SuperLink detaches its ``flower-superexec`` into a
+session of its own, out of reach of a process group). The commands
+(:mod:`experiments.deployment.deploy_commands`) are the ones :mod:`experiments.deployment.recipe`
+prints for real devices.
+
+Each SuperNode runs under :mod:`clients.launcher` (``isolation = "launcher"``):
+one process that has imported torch and Flower forks a child per message,
+instead of Flower's default of a fresh ``flwr-clientapp`` process per message
+(``isolation = "subprocess"``); ``experiments/bench/bench_device.py`` compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from experiments.deployment.deploy_commands import (
+    CONNECTION,
+    Deployment,
+    connection_toml,
+    node_settings,
+    superlink_command,
+    supernode_command,
+)
+from experiments.deployment.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
+from experiments.flower import procs
+from experiments.flower.flower_procs import (
+    bin_path,
+    flower_env,
+    free_port,
+    program,
+    signal_group,
+    stop_group,
+    wait_healthy_tls,
+)
+from experiments.flower.launch import staged_app
+
+TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
+__all__ = ["TAG", "Deployment", "LocalFederation", "node_settings"]  # what a run on a LocalFederation needs
+
+
+class LocalFederation:
+    """A SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1, files under ``work_dir``.
+
+    A context manager: entering starts the SuperLink, makes certificates and keys
+    as the deployment asks, registers the keys, starts the SuperNodes and waits
+    until all are online; leaving stops every process started here.
+    """
+
+    def __init__(self, deployment: Deployment, work_dir: Path, device_bin: Path | None = None) -> None:
+        self.deployment = deployment
+        self.device_bin = device_bin  # the devices' environment (its bin/), if not this one
+        self.work_dir = work_dir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = self._env(work_dir / "flwr-home")
+        self.certs: ServerCertificates | None = None
+        self.keys: dict[int, NodeKeys] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def log(self, name: str) -> Path:
+        """The log file of process ``name`` (``superlink``, ``supernode-0``, ...)."""
+        return self.work_dir / "logs" / f"{name}.log"
+
+    # ------------------------------------------------------------- nodes
+    def start_supernode(self, partition_id: int, key: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start the SuperNode of ``partition_id`` (again, after :meth:`kill_supernode`).
+
+        With authentication its key pair is made and registered the first time;
+        ``key`` instead uses that private key as it is, registered or not.
+        """
+        n = self.deployment.num_supernodes
+        if key is None and self.deployment.auth:
+            self.register([partition_id])
+            key = self.keys[partition_id].private
+        ca = self.certs.ca_cert if self.certs is not None else None
+        cmd = supernode_command(self.address, free_port(), partition_id, n, ca, key, self.deployment.isolation)
+        # Each SuperNode gets its own FLWR_HOME, as it would on its own device.
+        env = self._env(self.work_dir / "nodes" / f"node-{partition_id}")
+        if self.device_bin is not None:
+            env["PATH"] = os.pathsep.join([str(self.device_bin), env["PATH"]])
+            cmd = [str(self.device_bin / cmd[0]), *cmd[1:]]
+        return self._spawn(f"supernode-{partition_id}", cmd, env)
+
+    def register(self, partition_ids: list[int]) -> None:
+        """Make and register key pairs for SuperNodes that have none yet.
+
+        The ``flwr supernode register`` calls run side by side: each takes seconds.
+
+        Raises
+        ------
+        RuntimeError
+            If a registration fails.
+        """
+        new = [i for i in partition_ids if i not in self.keys]
+        keys = {i: make_node_keys(self.work_dir / "keys", f"node-{i}") for i in new}
+        calls = {i: self._flwr_call("supernode", "register", str(k.public), CONNECTION) for i, k in keys.items()}
+        for i, call in calls.items():
+            out, err = call.communicate(timeout=120)
+            if call.returncode != 0:
+                raise RuntimeError(f"flwr supernode register {keys[i].public} failed ({call.returncode}): {out}{err}")
+            self.keys[i] = keys[i]
+
+    def kill_supernode(self, partition_id: int) -> None:
+        """SIGKILL a SuperNode and its ClientApps, as a device that loses power would stop."""
+        proc = self.procs.pop(f"supernode-{partition_id}")
+        signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
+        proc.wait()
+        procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"), 5.0)
+
+    def restart_supernodes(self) -> None:
+        """Stop every SuperNode, wait until the SuperLink has dropped them, start them again and wait for them.
+
+        Flower's SuperNode (1.41, 1.42), once it has pulled a message, waits for the
+        reply before it pulls again, with no timeout (``_push_messages``): one
+        that pulled a message of a run stopped mid-round never serves another.
+        """
+        ids = [int(name.removeprefix("supernode-")) for name in self.procs if name.startswith("supernode-")]
+        old = set(self.online_nodes())
+        for i in ids:
+            stop_group(self.procs.pop(f"supernode-{i}"), grace_s=5.0)
+            procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{i}"), 5.0)
+        # Until the SuperLink drops them (their heartbeat lapses: up to 2 x 30 s), the old nodes would be
+        # sampled and never answer, and an authenticated key could not be activated again.
+        deadline = time.monotonic() + 120.0
+        while old & set(self.online_nodes()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        for i in ids:
+            self.start_supernode(i)
+        self.wait_online(len(ids))
+
+    def online_nodes(self) -> list[int]:
+        """Ids of the SuperNodes the SuperLink reports online.
+
+        Raises
+        ------
+        RuntimeError
+            If the SuperLink does not answer the query.
+        """
+        for attempt in range(3):  # a query can fail on a busy machine: ask again
+            out = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+            reply = json.loads(out[out.find("{") :])
+            if reply.get("success"):  # flwr reports errors in the JSON, with exit code 0
+                return sorted(int(n["node-id"]) for n in reply["nodes"] if n["status"] == "online")
+            time.sleep(1.0 + attempt)
+        raise RuntimeError(f"flwr supernode list failed: {reply}")
+
+    def wait_online(self, count: int, timeout: float = 90.0) -> list[int]:
+        """Wait until ``count`` SuperNodes are online.
+
+        Raises
+        ------
+        RuntimeError
+            If a SuperNode exits, or ``count`` are not online within ``timeout`` s.
+        """
+        deadline, nodes, error = time.monotonic() + timeout, [], ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.log(name)}")
+            try:
+                nodes = self.online_nodes()
+            except RuntimeError as exc:  # a query may fail while nodes register: ask again
+                error = f" (last query: {exc})"
+            if len(nodes) >= count:
+                return nodes
+            time.sleep(1.0)
+        raise RuntimeError(
+            f"{len(nodes)} of {count} SuperNodes online after {timeout:.0f} s{error}; logs in {self.work_dir / 'logs'}"
+        )
+
+    # --------------------------------------------------------------- runs
+    def flwr(self, *args: str) -> str:
+        """Run one ``flwr`` command against this SuperLink; returns its output.
+
+        Raises
+        ------
+        RuntimeError
+            If the command fails.
+        """
+        call = self._flwr_call(*args)
+        out, err = call.communicate(timeout=120)
+        if call.returncode != 0:
+            raise RuntimeError(f"flwr {' '.join(args)} failed ({call.returncode}): {out}{err}")
+        return out
+
+    def _flwr_call(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [bin_path("flwr"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def run(self, app_dir: Path, run_config: Path, log_file: Path, poll: Callable[[], None] | None = None) -> int:
+        """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
+
+        The app is submitted from a copy of its own files (:func:`experiments.flower.launch.stage_app`).
+        """
+        with staged_app(app_dir) as staged, open(log_file, "ab") as log:
+            cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
+            proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    if poll is not None:
+                        poll()
+                    time.sleep(0.5)
+            finally:
+                stop_group(proc)
+        if poll is not None:
+            poll()
+        return int(proc.returncode or 0)
+
+    def stop_runs(self) -> list[int]:
+        """``flwr stop`` every run on this SuperLink that has not finished; returns their ids.
+
+        Stopping ``flwr run`` only stops the log stream: the run's ServerApp
+        goes on, and would compete with the next run for the SuperNodes.
+        """
+        out = self.flwr("ls", CONNECTION, "--format", "json")
+        runs = json.loads(out[out.find("{") :]).get("runs", [])
+        active = [int(r["run-id"]) for r in runs if not str(r["status"]).startswith("finished")]
+        for run_id in active:
+            self.flwr("stop", str(run_id), CONNECTION)
+        return active
+
+    # ---------------------------------------------------------- lifecycle
+    def _env(self, flwr_home: Path) -> dict[str, str]:
+        return {**flower_env(flwr_home), TAG: str(self.work_dir.resolve())}
+
+    def _start(self) -> None:
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.deployment.tls:
+            self.certs = make_certificates(self.work_dir / "certs")
+        ca = self.certs.ca_cert if self.certs is not None else None
+        (home / "config.toml").write_text(connection_toml(self.address, ca), encoding="utf-8")
+        link = self._spawn("superlink", superlink_command(self.port, self.certs, self.deployment.auth), self.env)
+        wait_healthy_tls(self.address, ca, link, self.log("superlink"), timeout=60.0)
+        if self.deployment.auth:
+            self.register(list(range(self.deployment.num_supernodes)))
+        for i in range(self.deployment.num_supernodes):
+            self.start_supernode(i)
+        self.wait_online(self.deployment.num_supernodes)
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log(name), "ab") as log:
+            proc = subprocess.Popen(
+                [program(cmd[0]), *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs[name] = proc
+        return proc
+
+    def close(self) -> None:
+        """Stop every process started here and all they spawned (safe to call twice)."""
+        for proc in self.procs.values():  # all at once: each may take seconds to shut down
+            signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop_group(proc, grace_s=0.0)
+        self.procs.clear()
+        procs.stop_carrying(TAG, str(self.work_dir.resolve()), 5.0)  # the detached ones, and any orphans

@@ -1,0 +1,95 @@
+"""What a fedsketch deployment starts, and the Flower commands that start it.
+
+A real federation runs one ``flower-superlink`` on a server and one
+``flower-supernode`` per device, each told which data is its own with
+``--node-config "partition-id=I num-partitions=N"``; the ServerApp then runs in
+``client-assignment = "node"`` mode, one client per SuperNode. The commands,
+the connection in ``$FLWR_HOME/config.toml`` and those run settings are built
+here once, for :class:`experiments.deployment.deploy.LocalFederation` on loopback and for
+the kit :mod:`experiments.deployment.recipe` writes for real devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.deployment.pki import ServerCertificates
+
+CONNECTION = "fedsketch-deploy"
+ISOLATIONS = ("launcher", "subprocess")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What to start: how many SuperNodes, and how the link is secured."""
+
+    num_supernodes: int = 2
+    tls: bool = False
+    auth: bool = False
+    isolation: str = "launcher"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"unknown isolation {self.isolation!r}; choose one of {', '.join(ISOLATIONS)}")
+        if self.num_supernodes < 1:
+            raise ValueError(f"a deployment needs at least one SuperNode; got {self.num_supernodes}")
+        if self.auth and not self.tls:
+            raise ValueError(
+                "SuperNode authentication needs TLS: flower-superlink refuses "
+                "--enable-supernode-auth together with --insecure"
+            )
+
+
+def node_settings(num_supernodes: int) -> dict[str, Any]:
+    """Run settings for one client per SuperNode, every node in every round."""
+    n = num_supernodes
+    return {"client-assignment": "node", "num-clients": n, "clients-per-round": n, "min-nodes": n}
+
+
+def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1") -> list[str]:
+    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``."""
+    cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
+    if certs is None:
+        return [*cmd, "--insecure"]
+    cmd += [
+        "--ssl-ca-certfile",
+        str(certs.ca_cert),
+        "--ssl-certfile",
+        str(certs.server_cert),
+        "--ssl-keyfile",
+        str(certs.server_key),
+    ]
+    return [*cmd, "--enable-supernode-auth"] if auth else cmd
+
+
+def supernode_command(
+    superlink: str,
+    port: int,
+    partition_id: int,
+    num_partitions: int,
+    ca_cert: Path | None,
+    key: Path | None,
+    isolation: str = "launcher",
+) -> list[str]:
+    """The command for one device; ``port`` is its local Runtime API (one per node on a host).
+
+    With ``isolation = "launcher"``: ``python -m clients.launcher --port PORT --
+    flower-supernode ...`` (the launcher adds ``--isolation process`` and the
+    port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
+    """
+    cmd = ["flower-supernode", "--superlink", superlink]
+    cmd += ["--root-certificates", str(ca_cert)] if ca_cert is not None else ["--insecure"]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
+    if isolation == "launcher":
+        return ["python", "-m", "clients.launcher", "--port", str(port), "--", *cmd]
+    return [*cmd, "--port", str(port)]
+
+
+def connection_toml(address: str, ca_cert: Path | None) -> str:
+    """``$FLWR_HOME/config.toml``: the connection ``flwr run`` and ``flwr supernode`` use."""
+    security = f'root-certificates = "{ca_cert}"' if ca_cert is not None else "insecure = true"
+    return f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{address}"\n{security}\n'

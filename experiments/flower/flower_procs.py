@@ -1,0 +1,137 @@
+"""Starting, watching and stopping Flower's processes from the outside.
+
+Both ways fedsketch runs Flower start its processes with these: a private
+SuperLink per simulated run (:mod:`experiments.flower.launch`) and a SuperLink with
+SuperNodes on loopback (:mod:`experiments.deployment.deploy`). Each runs from this
+environment's console scripts with a private ``FLWR_HOME`` and no telemetry,
+on a free loopback port, in a process group of its own that is stopped as a
+whole: SIGTERM, then SIGKILL after a grace period. A SuperLink has started
+once its HTTP health endpoint answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: private home, no telemetry, no installs."""
+    env = dict(os.environ)
+    # The SuperLink starts ``flower-superexec`` and friends by name: put the
+    # venv's scripts first on PATH even when the venv is not activated.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        RAY_DEDUP_LOGS="0",
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",  # Flower's default 1 s: up to a second before a run starts
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def bin_path(name: str) -> str:
+    """A console script installed beside the running interpreter."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stop_pid_group(pid: int, grace_s: float = 5.0) -> None:
+    """The same for a process group we did not start (e.g. a detached SuperLink)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_file: Path) -> None:
+    """Wait for the SuperLink's HTTP health endpoint.
+
+    Raises
+    ------
+    RuntimeError
+        If the SuperLink exits or does not answer within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"flower-superlink did not start within {timeout:.0f} s; see {log_file}")
+
+
+def program(name: str) -> str:
+    """``python`` is this interpreter (which ``bin_path`` may not find under that name); paths stay as they are."""
+    return sys.executable if name == "python" else bin_path(name)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to the process group of ``proc`` (started in a session of its own), if it is still there."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def wait_healthy_tls(
+    address: str, ca_cert: Path | None, proc: subprocess.Popen[bytes], log_file: Path, timeout: float
+) -> None:
+    """:func:`wait_healthy` for a SuperLink at ``address``, over HTTPS verified against ``ca_cert`` when one is given."""
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else False
+    url = f"{'https' if ca_cert else 'http'}://{address}/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}; see {log_file}")
+        try:
+            if httpx.get(url, timeout=0.5, verify=verify).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"flower-superlink did not answer at {url} within {timeout:.0f} s; see {log_file}")

@@ -1,0 +1,225 @@
+"""Plan and execute an experiment: strategies x seeds, each one Flower run.
+
+An experiment file has a ``[run]`` table (any run setting, kebab-case), a
+``[compare]`` table (``strategies``, ``seeds``), optional
+``[strategy.NAME]`` tables of per-strategy overrides, and an optional
+``[sweep]`` table of values to run each strategy at (``experiments/running/sweep.py``).
+Every run is validated before the first one starts, so a typo stops the whole
+experiment at once.
+A run whose ``metrics.jsonl`` already reaches its last round with the same
+config is not redone; an unfinished one is restarted cleanly, unless it
+checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
+then it resumes from there. A run stopped by a signal is one of those unfinished
+runs (``docs/stopping.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from experiments.running import stopping
+from fedsketch import runlog
+from fedsketch.runlog import RunSpec
+from fedsketch.setting import ConfigError
+
+if TYPE_CHECKING:  # planning needs them (and torch); running a plan does not (experiments/running/command_plan.py)
+    from experiments.running import sweep
+    from fedsketch.config import RunConfig
+
+Run = TypeVar("Run", bound=RunSpec)
+DEFAULT_CONFIG = Path(__file__).parents[1] / "configs" / "default.toml"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The runs an experiment file asks for, already validated."""
+
+    runs: tuple[RunConfig, ...]
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["k=100", "lr=0.1", "dataset=\\"mnist\\""]`` -> typed values (TOML syntax; bare words are strings)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {pair!r} is not of the form key=value")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def load_experiment(
+    path: Path,
+    overrides: Mapping[str, Any] | None = None,
+    seeds: int | None = None,
+    strategies: list[str] | None = None,
+) -> Experiment:
+    """Read an experiment file and expand it into validated runs.
+
+    Raises
+    ------
+    ConfigError
+        For unknown tables or keys, wrong types, or values out of range; for a
+        ``[sweep]`` key that cannot be swept, applies to no strategy of the
+        file, or is also set on the command line.
+    FileNotFoundError
+        If ``path`` does not exist.
+    """
+    from experiments.running import sweep
+    from fedsketch.config import RunConfig
+
+    if not path.exists():
+        raise FileNotFoundError(f"experiment config {path} not found")
+    with open(path, "rb") as f:
+        doc = tomllib.load(f)
+    unknown = set(doc) - {"run", "compare", "strategy", "sweep"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)}; expected run, compare, strategy, sweep")
+    compare = dict(doc.get("compare", {}))
+    extra = set(compare) - {"strategies", "seeds"}
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(extra)} in [compare]")
+    listed = list(compare.get("strategies", [doc.get("run", {}).get("strategy", "fetchsgd")]))
+    names = strategies or listed
+    n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
+    per_strategy = doc.get("strategy", {})
+    # The base is checked as the first strategy run now sees it: a setting that only some methods
+    # take (``--strategies local_topk --set download-k=3000``) is valid for the runs it reaches.
+    base = RunConfig.from_mapping({**doc.get("run", {}), "strategy": names[0], **(overrides or {})})
+    # A typo in a table not run now is still a typo; command-line settings apply only to the runs made now
+    # (``--strategies fetchsgd --set diagnose-sketch=true`` must not be refused for fedavg's table).
+    file_base = RunConfig.from_mapping(doc.get("run", {}))
+    for name, table in per_strategy.items():
+        RunConfig.from_mapping({"strategy": name, **table}, base=base if name in names else file_base)
+    grid = _parse_sweep(doc.get("sweep", {}), path, listed, base, overrides or {})
+    runs: list[RunConfig] = []
+    for name in names:
+        table = {"strategy": name, **per_strategy.get(name, {})}
+        for point in sweep.points(grid, name):
+            runs.extend(_point_runs(base, table, point, overrides or {}, n_seeds))
+    return Experiment(tuple(runs))
+
+
+def _parse_sweep(
+    table: Mapping[str, Any], path: Path, listed: list[str], base: RunConfig, overrides: Mapping[str, Any]
+) -> sweep.Sweep:
+    """The ``[sweep]`` table, checked against the rest of the experiment.
+
+    A key both swept and set with ``--set`` is refused rather than resolved
+    either way: one of the two would be silently dropped.
+    """
+    from experiments.running import sweep
+
+    grid = sweep.parse_sweep(table, str(path))
+    sweep.check_applies(grid, listed, str(path))
+    clash = sorted(set(grid) & set(overrides))
+    if clash:
+        raise ConfigError(f"{path}: {clash} swept in [sweep] and also set on the command line; drop one")
+    if runlog.POINT_SEP in base.experiment:
+        raise ConfigError(f"experiment name {base.experiment!r} must not contain {runlog.POINT_SEP!r}")
+    return grid
+
+
+def _point_runs(
+    base: RunConfig, table: Mapping[str, Any], point: Mapping[str, Any], overrides: Mapping[str, Any], n_seeds: int
+) -> list[RunConfig]:
+    """One strategy's runs at one sweep point, one per seed: file, then point, then command line."""
+    from experiments.running import sweep
+    from fedsketch.config import RunConfig
+
+    cfg = RunConfig.from_mapping({**table, **point}, base=base)
+    cfg = RunConfig.from_mapping(dict(overrides), base=cfg)  # command line wins
+    if point:
+        cfg = RunConfig.from_mapping(
+            {"experiment": cfg.experiment + runlog.POINT_SEP + sweep.point_name(point)}, base=cfg
+        )
+    return [RunConfig.from_mapping({"seed": cfg.seed + s}, base=cfg) for s in range(n_seeds)]
+
+
+def describe(cfg: RunSpec) -> str:
+    """``fetchsgd rows3-cols5000 seed 1``: which run this is, for progress and summaries."""
+    return " ".join(part for part in (cfg.strategy, runlog.sweep_point(cfg), f"seed {cfg.seed}") if part)
+
+
+def is_finished(cfg: RunSpec) -> bool:
+    """The run's metrics reach its last round and its saved config is this one."""
+    path = runlog.run_dir(cfg)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        return False
+    if json.loads(config_file.read_text(encoding="utf-8")) != cfg.to_mapping():
+        return False
+    rows = runlog.read_metrics(path)
+    return bool(rows) and rows[-1].get("round") == cfg.num_rounds
+
+
+def prepare(cfg: RunSpec) -> Path:
+    """Clear an unfinished run's folder (unless it can resume) and write the run config Flower will read."""
+    path = runlog.run_dir(cfg)
+    if path.exists() and not is_resumable(cfg):
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    runlog.clear_status(path)  # a run resumed after an interruption is no longer interrupted
+    (path / "run_config.toml").write_text(run_config_toml(cfg), encoding="utf-8")
+    return path
+
+
+def run_config_toml(cfg: RunSpec) -> str:
+    """Every setting of the run, one ``key = value`` line each: the file ``flwr run --run-config`` reads."""
+    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in cfg.to_mapping().items())
+
+
+def is_resumable(cfg: RunSpec) -> bool:
+    """The run checkpoints, left a checkpoint, and its saved config is this one: the strategy resumes it."""
+    path = runlog.run_dir(cfg)
+    config_file = path / "config.json"
+    if not cfg.checkpoint_every or not (path / runlog.CHECKPOINT).exists() or not config_file.exists():
+        return False
+    return bool(json.loads(config_file.read_text(encoding="utf-8")) == cfg.to_mapping())
+
+
+def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tuple[Run, str]]:
+    """Execute every unfinished run of ``runs`` (an experiment's, or a plan's); returns ``(run, outcome)`` per run.
+
+    A run stopped on request (:mod:`experiments.running.stopping`) is marked as such in
+    its folder; when the whole command was interrupted, the later runs are
+    listed as not started.
+    """
+    results: list[tuple[Run, str]] = []
+    for i, cfg in enumerate(runs):
+        if is_finished(cfg):
+            results.append((cfg, "already finished"))
+            continue
+        path = prepare(cfg)
+        stopping.note_run(path, cfg.num_rounds)
+        try:
+            code = execute(cfg, path)
+        except stopping.Stop as stop:
+            results.append((cfg, stopping.record(path, cfg.num_rounds, stop)))
+            if isinstance(stop, stopping.Interrupted):
+                return results + [(later, "not started") for later in runs[i + 1 :]]
+            continue
+        results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
+    return results
+
+
+def _failed(code: int) -> str:
+    """A run that did not reach its last round: Flower's exit code where it gave one, else that it stopped short."""
+    return f"failed (exit code {code})" if code else "failed: stopped before its last round (Flower exited 0)"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)

@@ -1,0 +1,1 @@
+"""Tools for the project itself: the settings page generator and the fault-injection check of the tests."""
