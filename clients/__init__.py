@@ -1,5 +1,6 @@
-"""Flower ClientApps: unpack records, call fedsketch, pack records."""
+"""Flower ClientApps: unpack records, call fedsketch, pack records.
 
-SIM_BACKEND_ENV = "FEDSKETCH_SIM_BACKEND"
-"""The environment variable the launcher sets for a simulation, ``inprocess`` or ``ray``, and
-:mod:`clients.simulation_backend` reads (here, so that the launcher need not import Flower to name it)."""
+``clients/client_app.py`` is the ClientApp. ``clients/runtime/`` runs it in ways Flower does not by
+default (the in-process simulation backend, the device launcher); each of them patches a Flower
+internal and is installed only by its own explicit switch, never by importing the ClientApp.
+"""

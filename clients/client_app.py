@@ -20,7 +20,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import kept_model, messages, simulation_backend
+from clients import kept_model, messages
 from clients.secure import is_secure, secure_aggregation_mod, secure_train
 from fedsketch import client_state, wire
 from fedsketch.client_state import DiskStates, state_root
@@ -29,10 +29,6 @@ from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, State, received_round_config
 
 app = ClientApp(mods=[secure_aggregation_mod])
-
-# In a simulation the launcher started with the in-process backend, Flower's engine imports this module
-# before it builds its backend: make it build ours (clients/simulation_backend.py). Elsewhere a no-op.
-simulation_backend.install()
 
 
 @lru_cache(maxsize=8)

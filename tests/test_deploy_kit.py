@@ -41,7 +41,11 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
         assert private.public_key() == public and public.curve.name == "secp384r1"
         publics.add(public.public_numbers())
         command = shlex.split((device / "supernode.sh").read_text().splitlines()[-1])
-        assert command[1:4] == ["python", "-m", "clients.launcher"]  # the warm launcher, not one process a round
+        assert command[1:4] == [
+            "python",
+            "-m",
+            "clients.runtime.launcher",
+        ]  # the warm launcher, not one process a round
         assert command[command.index("--port") + 1] == "${FEDSKETCH_RUNTIME_PORT:-9094}"
         assert command[command.index("--superlink") + 1] == "edge.example.org:9100"
         assert command[command.index("--node-config") + 1] == f"partition-id={i} num-partitions=3"

@@ -1,4 +1,4 @@
-"""clients/launcher.py: the SuperNode under a warm launcher that forks a ClientApp per message."""
+"""clients/runtime/launcher.py: the SuperNode under a warm launcher that forks a ClientApp per message."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from flwr.common.logger import log as flower_log
 
-from clients.forked import install_once
-from clients.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
-from clients.launcher import LauncherOptions, supernode_argv
+from clients.runtime.forked import install_once
+from clients.runtime.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
+from clients.runtime.launcher import LauncherOptions, supernode_argv
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import superlink_command, supernode_command
 from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group
@@ -56,7 +56,7 @@ def test_a_command_the_launcher_cannot_run_is_refused_with_the_reason(command: l
     with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         supernode_argv(command, LauncherOptions())
     done = subprocess.run(
-        [sys.executable, "-m", "clients.launcher", "--", *command],
+        [sys.executable, "-m", "clients.runtime.launcher", "--", *command],
         check=False,
         cwd=ROOT,
         capture_output=True,

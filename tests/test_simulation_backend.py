@@ -1,6 +1,6 @@
 """The in-process simulation backend: Flower's engine runs the real ClientApp in its own process, no Ray.
 
-The unit tests drive :class:`clients.simulation_backend.InProcessBackend` as
+The unit tests drive :class:`clients.runtime.simulation_backend.InProcessBackend` as
 Flower's engine does (``build``, then ``process_message`` from worker
 threads); the end-to-end test runs the same job through real ``flwr run`` with
 each backend and requires identical metrics, with Ray's processes seen only
@@ -10,6 +10,7 @@ in the Ray run.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -17,13 +18,13 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import flower_pids
+from conftest import ROOT, flower_pids
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 
-from clients import SIM_BACKEND_ENV, simulation_backend
-from clients.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
+from clients.runtime import simulation_backend
+from clients.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
 from experiments.flower.launch import default_backend
 from experiments.running.inprocess_grid import task_identity
@@ -116,15 +117,33 @@ def test_workers_run_messages_side_by_side_from_the_first() -> None:
     assert sorted(order[:2]) == ["start 0", "start 1"], order
 
 
-def test_install_answers_flowers_import_only_when_the_launcher_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+PROBE = (
+    "import sys, {module}; r = sys.modules.get({ray!r}); v = sys.modules.get({vce!r}); "
+    "print(r.RayBackend.__name__ if r else None, v.add_messages_to_queue.__module__ if v else None)"
+)
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("clients.client_app", ["None", "None"]),
+        ("clients.runtime.inprocess_app", ["InProcessBackend", "clients.runtime.simulation_backend"]),
+    ],
+)
+def test_only_the_inprocess_app_installs_the_backend_on_import(module: str, expected: list[str]) -> None:
+    """Importing the ClientApp (Ray, deployment, ``flwr run .``) patches nothing; the in-process app, the one
+    switch, answers Flower's backend import and replaces its pick-up loop. In a fresh interpreter each."""
+    code = PROBE.format(module=module, ray=RAY_MODULE, vce="flwr.server.superlink.fleet.vce.vce_api")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == expected
+
+
+def test_install_answers_flowers_import(monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.server.superlink.fleet.vce import vce_api
 
     monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # install() replaces it
     monkeypatch.delitem(sys.modules, RAY_MODULE, raising=False)
-    assert not install({})
-    assert not install({SIM_BACKEND_ENV: "ray"})
-    assert RAY_MODULE not in sys.modules
-    assert install({SIM_BACKEND_ENV: "inprocess"})
+    install()
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend  # what Flower's start_vce imports
 
     assert RayBackend is InProcessBackend
@@ -195,9 +214,7 @@ def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(monke
     assert flowers is not simulation_backend.add_messages_to_queue
     assert list(inspect.signature(flowers).parameters) == simulation_backend.PICKUP_PARAMETERS
     assert "f_stop.wait(0.1)" in inspect.getsource(flowers)  # the wait this replaces
-    assert not install({SIM_BACKEND_ENV: "ray"})
-    assert vce_api.add_messages_to_queue is flowers
-    assert install({SIM_BACKEND_ENV: "inprocess"})
+    install()
     assert vce_api.add_messages_to_queue is simulation_backend.add_messages_to_queue
     # run_api starts its extractor thread from the module's name, after the ClientApp is loaded
     assert "target=add_messages_to_queue" in inspect.getsource(vce_api.run_api)

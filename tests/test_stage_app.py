@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
-from experiments.flower.launch import stage_app
+from experiments.flower.launch import INPROCESS_CLIENTAPP, stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,3 +52,16 @@ def test_staging_into_the_app_itself_is_refused_before_anything_is_deleted(tmp_p
         with pytest.raises(ValueError, match="it would be deleted first"):
             stage_app(app, dest)
     assert (app / "pyproject.toml").exists()
+
+
+def test_an_inprocess_run_is_staged_with_the_inprocess_clientapp_only(tmp_path: Path) -> None:
+    """The in-process backend's one switch: the staged copy names it as the ClientApp; the project keeps its own."""
+    staged = stage_app(ROOT, tmp_path / "app", INPROCESS_CLIENTAPP)
+    text = (staged / "pyproject.toml").read_text()
+    assert f'clientapp = "{INPROCESS_CLIENTAPP}"' in text and "clients.client_app:app" not in text
+    assert 'clientapp = "clients.client_app:app"' in (ROOT / "pyproject.toml").read_text()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ValueError, match="names no one clientapp component"):
+        stage_app(bare, tmp_path / "bare-staged", INPROCESS_CLIENTAPP)

@@ -9,7 +9,7 @@ everything it or its launcher started) every 20 ms, for each setup:
 - ``today``: Flower's default ``--isolation subprocess``, a fresh ClientApp
   process per message, in this environment (``--before-app``: the app's code as
   it was, e.g. an older checkout);
-- ``launcher``: :mod:`clients.launcher` (one warm process, a fork per message);
+- ``launcher``: :mod:`clients.runtime.launcher` (one warm process, a fork per message);
 - ``launcher, device env``: the same in ``--device-venv`` (a CPU-only torch).
 
 Per round, on the device: ``device s`` from the SuperNode's "Receiving" to its

@@ -75,7 +75,7 @@ def supernode_command(
 ) -> list[str]:
     """The command for one device; ``port`` is its local Runtime API (one per node on a host).
 
-    With ``isolation = "launcher"``: ``python -m clients.launcher --port PORT --
+    With ``isolation = "launcher"``: ``python -m clients.runtime.launcher --port PORT --
     flower-supernode ...`` (the launcher adds ``--isolation process`` and the
     port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
     """
@@ -85,7 +85,7 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(key)]
     cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
     if isolation == "launcher":
-        return ["python", "-m", "clients.launcher", "--port", str(port), "--", *cmd]
+        return ["python", "-m", "clients.runtime.launcher", "--port", str(port), "--", *cmd]
     return [*cmd, "--port", str(port)]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from clients import SIM_BACKEND_ENV as BACKEND_ENV
 from experiments.flower import procs
 from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group, wait_healthy
 from fedsketch import runlog
@@ -31,6 +31,10 @@ from fedsketch import runlog
 CONNECTION = "fedsketch-sim"
 BACKENDS = ("inprocess", "ray")
 """What can run a simulation's ClientApp calls (:class:`Federation`'s ``backend``)."""
+INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
+"""The ClientApp component an in-process simulation is staged with: importing it installs the backend."""
+COMPONENT = re.compile(r'^clientapp = "[^"]*"$', re.MULTILINE)
+"""The ClientApp's line in the app's ``[tool.flwr.app.components]``."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Federation:
     """The simulated federation's resources, and what runs its ClientApp calls.
 
     ``backend`` is ``"inprocess"`` (the simulation process runs them on
-    Flower's worker threads, :mod:`clients.simulation_backend`) or ``"ray"``
+    Flower's worker threads, :mod:`clients.runtime.simulation_backend`) or ``"ray"``
     (Flower's own backend: Ray actors, on this machine or a Ray cluster).
     """
 
@@ -108,8 +112,9 @@ def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: in
     return requested
 
 
-def stage_app(app_dir: Path, dest: Path) -> Path:
-    """The files of ``app_dir`` that Flower puts in the app's FAB, copied to ``dest`` (emptied first).
+def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
+    """The files of ``app_dir`` that Flower puts in the app's FAB, copied to ``dest`` (emptied first);
+    ``clientapp``: the ClientApp component the copy names instead of the app's own.
 
     ``flwr run DIR`` reads every file below DIR before it drops those that
     ``.gitignore`` and its own rules exclude (``collect_files`` in
@@ -147,14 +152,20 @@ def stage_app(app_dir: Path, dest: Path) -> Path:
             target.write_bytes(source)
         else:
             shutil.copyfile(source, target)
+    if clientapp is not None:
+        pyproject = dest / "pyproject.toml"
+        text, found = COMPONENT.subn(f'clientapp = "{clientapp}"', pyproject.read_text(encoding="utf-8"))
+        if found != 1:
+            raise ValueError(f"{app_dir / 'pyproject.toml'} names no one clientapp component to replace")
+        pyproject.write_text(text, encoding="utf-8")
     return dest
 
 
 @contextmanager
-def staged_app(app_dir: Path) -> Iterator[Path]:
+def staged_app(app_dir: Path, clientapp: str | None = None) -> Iterator[Path]:
     """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""
     with tempfile.TemporaryDirectory(prefix="fedsketch-app-") as tmp:
-        yield stage_app(app_dir, Path(tmp) / "app")
+        yield stage_app(app_dir, Path(tmp) / "app", clientapp)
 
 
 @contextmanager
@@ -171,7 +182,7 @@ def simulation_superlink(
     flwr_home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     (flwr_home / "config.toml").write_text(federation.toml(f"127.0.0.1:{port}"), encoding="utf-8")
-    env = {**flower_env(flwr_home), BACKEND_ENV: federation.backend}
+    env = flower_env(flwr_home)
     cmd = [
         bin_path("flower-superlink"),
         "--insecure",
@@ -212,13 +223,18 @@ def flwr_run(
     (:func:`fedsketch.runlog.mark_server_done`: everything the run keeps is
     written), Flower's processes are stopped at once rather than left to their
     own teardown. Returns 0 then, else the exit code of ``flwr run``. The app
-    is submitted from a copy of its own files (:func:`stage_app`).
+    is submitted from a copy of its own files (:func:`stage_app`), which for
+    the in-process backend names :data:`INPROCESS_CLIENTAPP` as its ClientApp.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "flower.log"
     finished = partial(runlog.server_done, work_dir)
     home = work_dir / "flwr-home"
-    with simulation_superlink(home, federation, log_file, finished) as (env, healthy), staged_app(app_dir) as staged:
+    clientapp = INPROCESS_CLIENTAPP if federation.backend == "inprocess" else None
+    with (
+        simulation_superlink(home, federation, log_file, finished) as (env, healthy),
+        staged_app(app_dir, clientapp) as staged,
+    ):
         healthy()  # the app was staged while the SuperLink started
         return _flwr_run(staged, run_config, env, log_file, finished, poll)
 

@@ -129,7 +129,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "pickup-waits-as-long-as-flowers",
-        "clients/simulation_backend.py",
+        "clients/runtime/simulation_backend.py",
         "PICKUP_S_PER_NODE = 0.005",
         "PICKUP_S_PER_NODE = 0.05",
         "tests/test_simulation_backend.py",
@@ -342,7 +342,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "backend-shares-the-message",
-        "clients/simulation_backend.py",
+        "clients/runtime/simulation_backend.py",
         "self.app(message=delivered(message), context=context)",
         "self.app(message=message, context=context)",
         "tests/test_simulation_backend.py",

@@ -18,11 +18,12 @@ per-node ``Context`` and the error replies. Each node gets a copy of its
 message, as it would over Ray or the network; bytes are still counted from
 the serialized records.
 
-:func:`install` puts it where ``start_vce`` looks, when the launcher asks for
-it (``FEDSKETCH_SIM_BACKEND=inprocess`` in the environment the simulation
-process inherits). The ClientApp module calls it on import, which Flower does
-in ``start_vce`` before it builds the backend. Without the variable (Ray, a
-multi-machine run, a deployed SuperNode) nothing changes.
+:func:`install` puts it where ``start_vce`` looks. One module calls it,
+:mod:`clients.runtime.inprocess_app`, which ``fedsketch run --backend
+inprocess`` names as the run's ClientApp; Flower imports the ClientApp in
+``start_vce`` before it builds the backend. Importing the ClientApp itself
+(:mod:`clients.client_app`: Ray, a multi-machine run, a deployed SuperNode,
+``flwr run .``) changes nothing.
 
 With it, :func:`pick_up_sooner` also shortens the wait of the engine's loop
 that moves messages from the link state to the workers: Flower's waits 0.1 s
@@ -47,7 +48,6 @@ from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientA
 from flwr.common.logger import log
 from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
 
-from clients import SIM_BACKEND_ENV
 from clients.messages import delivered
 from fedsketch import wire
 
@@ -170,24 +170,21 @@ def pick_up_sooner(vce_api: types.ModuleType) -> bool:
     return True
 
 
-def install(environ: Mapping[str, str] | None = None) -> bool:
-    """Make Flower's simulation engine build an :class:`InProcessBackend` when the launcher asked for one.
+def install() -> None:
+    """Make Flower's simulation engine build an :class:`InProcessBackend` (only
+    :mod:`clients.runtime.inprocess_app` calls this).
 
-    Returns whether it did. Flower's real Ray backend module, if imported
-    already, gets the class swapped; otherwise a stand-in module answers the
-    engine's import, and Ray is never imported. The engine's message pick-up
-    looks sooner (:func:`pick_up_sooner`).
+    Flower's real Ray backend module, if imported already, gets the class
+    swapped; otherwise a stand-in module answers the engine's import, and Ray is
+    never imported. The engine's message pick-up looks sooner (:func:`pick_up_sooner`).
     """
-    if (os.environ if environ is None else environ).get(SIM_BACKEND_ENV) != "inprocess":
-        return False
     module = sys.modules.get(RAY_MODULE)
     if module is None:
         module = types.ModuleType(
-            RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see clients/simulation_backend.py)"
+            RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see clients/runtime/simulation_backend.py)"
         )
         sys.modules[RAY_MODULE] = module
     module.RayBackend = InProcessBackend  # type: ignore[attr-defined]  # ModuleType declares none
     from flwr.server.superlink.fleet.vce import vce_api
 
     pick_up_sooner(vce_api)
-    return True

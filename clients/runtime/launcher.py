@@ -26,13 +26,13 @@ launcher exits when the SuperNode does, with its exit code, so a supervisor
 (systemd) restarts both.
 
 It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
-(:mod:`clients.joining`), ``waiting for the SuperLink at ...`` while the
+(:mod:`clients.runtime.joining`), ``waiting for the SuperLink at ...`` while the
 SuperNode still retries, and, when the SuperNode exits before that (a key the
 SuperLink refuses, one it cannot read), what its exit code most likely means.
 
 Usage (``docs/deployment.md``)::
 
-    python -m clients.launcher [--port 9094] [--poll-s 0.2] -- flower-supernode ARGS...
+    python -m clients.runtime.launcher [--port 9094] [--poll-s 0.2] -- flower-supernode ARGS...
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from clients.forked import limit_malloc_arenas, run_supernode, run_task
-from clients.joining import Joining, exit_hint, superlink_of, wait_joined
+from clients.runtime.forked import limit_malloc_arenas, run_supernode, run_task
+from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
 
 if TYPE_CHECKING:
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -243,7 +243,7 @@ def _wait_listening(launcher: Launcher) -> None:
 
 def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
     parser = argparse.ArgumentParser(
-        prog="python -m clients.launcher",
+        prog="python -m clients.runtime.launcher",
         description="Start a Flower SuperNode with a pre-warmed ClientApp launcher (one fork per task).",
         epilog="Everything after '--' is the SuperNode's command; the launcher adds --isolation process "
         "--host 127.0.0.1 --port PORT to it.",

@@ -1,4 +1,4 @@
-"""What runs in the launcher's forks (:mod:`clients.launcher`): the SuperNode, and one ClientApp task each.
+"""What runs in the launcher's forks (:mod:`clients.runtime.launcher`): the SuperNode, and one ClientApp task each.
 
 Each entry point ends in ``os._exit``: a fork never returns into the
 launcher's loop, and never runs the exit handlers it inherited. The task runs
@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from clients.joining import report_joining
+from clients.runtime.joining import report_joining
 
 
 def run_supernode(argv: list[str], report_fd: int | None = None) -> NoReturn:
     """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``.
 
-    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.joining`).
+    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.runtime.joining`).
     """
     _name_process("flower-supernode")
     code = 1

@@ -1,0 +1,8 @@
+"""Running the ClientApp where Flower's defaults cost too much, each behind one explicit switch.
+
+- :mod:`clients.runtime.inprocess_app`: the ClientApp with Flower's simulation engine set to run it in the
+  simulation process (:mod:`clients.runtime.simulation_backend`); ``fedsketch run --backend inprocess`` (the
+  default) names this module as the run's ClientApp, nothing else installs it.
+- :mod:`clients.runtime.launcher`: a device's launcher, ``python -m clients.runtime.launcher``, which imports
+  once and forks a child per round (:mod:`clients.runtime.forked`, :mod:`clients.runtime.joining`).
+"""

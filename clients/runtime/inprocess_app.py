@@ -1,0 +1,17 @@
+"""The ClientApp, run in Flower's simulation process instead of Ray actors.
+
+``fedsketch run`` with ``--backend inprocess`` (the default) stages the app with this module as its
+ClientApp component (:func:`experiments.flower.launch.stage_app`). Flower's simulation engine
+imports the ClientApp before it builds its backend; importing this module makes it build
+:class:`clients.runtime.simulation_backend.InProcessBackend` (:func:`~clients.runtime.simulation_backend.install`).
+The app itself is :data:`clients.client_app.app`, unchanged.
+"""
+
+from __future__ import annotations
+
+from clients.client_app import app
+from clients.runtime import simulation_backend
+
+simulation_backend.install()
+
+__all__ = ["app"]
