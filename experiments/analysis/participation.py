@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -167,8 +168,10 @@ def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
         ax.set_xlabel("upload + download bytes")
     for row in axes:
         row[0].set_ylabel("test accuracy")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
+    legend: dict[str, Any] = {}  # every method of every panel, once (a joined variant adds its own)
+    for ax in axes.flat:
+        legend.update(dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True)))
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)), fontsize="small")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "participation.png"
