@@ -19,14 +19,11 @@ The two sides run alternately, ``--runs`` times each, in fresh processes:
 - ``fedsketch FetchSGD``: the same command and clients with FetchSGD
   (``--fetchsgd``), against pfl's FedAvg: what the sketch costs.
 
-For each it prints the median over runs of the seconds a round (median of
-rounds 2..30), the whole command, the time from the command's start to the end
-of round 1, and the peak PSS of the command's whole process tree
-(:mod:`experiments.flower.proctree`), and each run's ratio to the pfl run beside it
-(their median, range and every one), and FetchSGD's to FedAvg's in the same
-runs: what the sketch costs.
-``--breakdown`` adds, for the last run of each side, the PSS of each kind of
-process at the tree's peak and when it first appeared.
+For each it prints the median over runs of the seconds a round (median of rounds
+2..30), the whole command, the time to the end of round 1 and the peak PSS of the
+command's process tree (:mod:`experiments.flower.proctree`), and each run's ratio to
+the pfl run beside it (median, range, every one). ``--breakdown`` adds, for the last
+run of each side, the PSS of each kind of process at the tree's peak.
 
 pfl is not a dependency of fedsketch; create its environment once (it needs
 Python < 3.13) and point ``--pfl-python`` at it::
@@ -34,8 +31,7 @@ Python < 3.13) and point ``--pfl-python`` at it::
     python3 -m venv /work/pflvenv && /work/pflvenv/bin/pip install "pfl[pytorch]==0.6.0" torch
     python -m experiments.bench.bench_peer --runs 5 --pfl-python /work/pflvenv/bin/python --breakdown
 
-``--backends inprocess ray`` puts fedsketch's two simulation backends side by
-side (``fedsketch run --backend``, docs/simulation.md).
+``--backends inprocess ray``: fedsketch's two simulation backends side by side.
 """
 
 from __future__ import annotations
