@@ -86,17 +86,20 @@ def round_requests(
     plan: RoundPlan,
     model: ArrayRecord,
     weights: torch.Tensor,
-    configs: Mapping[int, dict[str, Any]],
+    targets: Mapping[int, list[int]],
     extras: Mapping[int, ArrayRecord],
     stateful: bool,
 ) -> dict[int, RecordDict]:
-    """One message per node, every client billed; ``configs`` per node, ``extras`` per client.
+    """One message per node, every client billed; ``targets``: each node's clients
+    (:meth:`RoundPlan.targets`), ``extras``: arrays per client; ``stateful``: each config names
+    every client's settled round (:meth:`RoundPlan.node_config`).
 
     One client per node: each message is billed as sent (:func:`node_request`).
     A cohort per message: each client what a message to it alone would carry.
     Either way ``download_sent`` counts what the messages serialize.
     """
-    for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in plan.targets(books).items()}
+    for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in targets.items()}
+    configs = {node: plan.node_config(cids, books.applied if stateful else None) for node, cids in targets.items()}
     if cfg.client_assignment == "node":
         contents = {
             node: node_request(books, cfg, plan, node, model, weights, configs[node], for_node[node])

@@ -103,9 +103,7 @@ class FedSketchStrategy(Strategy):
             c: messages.payload_to_record(x)
             for c, x in self.method.server.requests(self.state, wanted, self.cfg, self.d).items()
         }
-        applied = self.books.applied if self.stateful else None
-        configs = {node: p.node_config(cids, applied) for node, cids in targets.items()}
-        contents = billing.round_requests(self.books, self.cfg, p, arrays, self.weights, configs, extras, self.stateful)
+        contents = billing.round_requests(self.books, self.cfg, p, arrays, self.weights, targets, extras, self.stateful)
         return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
