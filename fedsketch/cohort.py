@@ -9,6 +9,7 @@ client only and the others go on).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from fedsketch.data.spec import FederatedData
 from fedsketch.local import LocalResult, client_generator, local_update, require_examples, sample_batch
 from fedsketch.methods import ClientJob, Payload, State, get_method
 from fedsketch.task import load_data, local_spec, make_model
+
+LOG = logging.getLogger(__name__)
 
 EXAMPLES = "num-examples"
 """A stateful client also remembers its last example count, which a second phase repeats."""
@@ -157,7 +160,12 @@ def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server
     ready = list(clients)
     try:
         results = _vectorized(cfg, w, [clients[c] for c in ready])
-    except Exception:  # noqa: BLE001 -- fall back to one client at a time, failures and all
+    except Exception as exc:  # noqa: BLE001 -- fall back to one client at a time, failures and all
+        LOG.warning(
+            "client-batching: the vectorized call failed (%s: %s); its clients run one at a time",
+            type(exc).__name__,
+            exc,
+        )
         return {**local, **{c: _one_result(cfg, _scratch_model(cfg), w, c, server_round) for c in ready}}
     share = (time.perf_counter() - start) / max(len(ready), 1)
     local.update({cid: _Local(result, share) for cid, result in zip(ready, results, strict=True)})

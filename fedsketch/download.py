@@ -101,6 +101,32 @@ def catch_up(
     return encode_sparse(idx.numpy(), values.numpy(), ledger.changed_at.numel())
 
 
+def changed_since(ledger: DownloadLedger) -> np.ndarray:
+    """``counts[s]``: how many coordinates changed in round ``s`` or later, for every ``s`` up to the latest round + 1.
+
+    One pass over the ledger answers every client's catch-up size (:func:`catch_up_count`).
+    """
+    per_round = np.bincount(ledger.changed_at.numpy())
+    return np.append(per_round[::-1].cumsum()[::-1], 0)
+
+
+def catch_up_count(ledger: DownloadLedger, cid: int | None, from_init: bool, counts: np.ndarray) -> int | None:
+    """How many coordinates :func:`catch_up` would send client ``cid`` (``counts``: :func:`changed_since`)."""
+    since = base_round(ledger, cid, from_init)
+    if since is None:
+        return None
+    return int(counts[min(since, len(counts) - 1)])
+
+
+def catch_up_values(ledger: DownloadLedger, cid: int | None, weights: torch.Tensor, from_init: bool) -> np.ndarray:
+    """The values :func:`catch_up` would send client ``cid`` (which must hold a model), in increasing index order."""
+    since = base_round(ledger, cid, from_init)
+    if since is None:
+        raise ValueError(f"client {cid} holds no model: it is sent the dense one")
+    values = weights.detach().cpu().to(torch.float32)[ledger.changed_at >= since]
+    return values.numpy()
+
+
 def apply_catch_up(weights: np.ndarray, payload: Payload) -> np.ndarray:
     """The client side: overwrite the changed coordinates of the model it kept (returns a new array)."""
     idx, val = decode_sparse_pairs(payload, weights.size)

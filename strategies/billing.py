@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from clients import messages
 from fedsketch import download, wire
+from fedsketch.compress import sparse
+from fedsketch.compress.bits import packed_size
 from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Payload
@@ -38,11 +41,54 @@ def count_download(
     if cfg.download != "sparse" or not cids:
         books.add("download", (dense + config_bytes) * plan.sampled())
         return
+    counts, on_cpu = download.changed_since(books.ledger), weights.detach().cpu()
+    by_base: dict[int | None, int | None] = {}  # clients that hold the same round's model get the same catch-up
     for cid in cids:
-        payload = download.catch_up(books.ledger, cid, plan.server_round, weights, cfg.download_from_init)
-        sparse = messages.wire_bytes(messages.payload_to_record(payload)) if payload is not None else dense + 1
+        base = download.base_round(books.ledger, cid, cfg.download_from_init)
+        if base not in by_base:
+            by_base[base] = catch_up_bytes(books.ledger, cid, plan.server_round, on_cpu, cfg.download_from_init, counts)
+        sparse = by_base[base]
+        sparse = dense + 1 if sparse is None else sparse
         books.add("download", min(dense, sparse) + config_bytes)
         books.add("sparse_downloads", int(sparse < dense))
+
+
+def catch_up_bytes(
+    ledger: download.DownloadLedger,
+    cid: int,
+    server_round: int,
+    weights: torch.Tensor,
+    from_init: bool,
+    counts: np.ndarray,
+) -> int | None:
+    """The serialized size of :func:`download.catch_up`'s payload for ``cid`` (None: it needs the dense model),
+    building only the parts whose content can change that size.
+
+    Flower cuts an array's bytes into chunks of ``MAX_CHUNK`` and sends equal chunks
+    once (:func:`messages.wire_bytes`), so a size depends on content only through
+    equal chunks within one array. Sorted distinct indices never repeat a chunk, and
+    an array of one chunk has none to repeat: those parts are stood in for by arrays
+    of the same dtype and shape. The values, when they span several chunks, are the
+    real ones; so is the whole payload where a mask spans several chunks or is one byte
+    (where it could equal ``enc``). ``counts``: :func:`download.changed_since`.
+    """
+    n = download.catch_up_count(ledger, cid, from_init, counts)
+    if n is None:
+        return None
+    d = ledger.changed_at.numel()
+    enc = sparse.pick_encoding(n, d)
+    if enc == sparse.ENC_INDICES:
+        positions = {"idx": messages.npy_array(np.arange(n, dtype=np.int32))}
+    else:
+        positions = {"mask": messages.npy_array(np.zeros(packed_size(d, 1), dtype=np.uint8))}
+    if "mask" in positions and (len(positions["mask"].data) > messages.MAX_CHUNK or packed_size(d, 1) <= 1):
+        payload = download.catch_up(ledger, cid, server_round, weights, from_init)
+        return messages.wire_bytes(messages.payload_to_record(payload or {}))
+    values = messages.npy_array(np.zeros(n, dtype=np.float32))
+    if len(values.data) > messages.MAX_CHUNK:
+        values = messages.npy_array(download.catch_up_values(ledger, cid, weights, from_init))
+    enc_array = messages.npy_array(np.array([enc], dtype=np.uint8))
+    return messages.wire_bytes(ArrayRecord({"enc": enc_array, **positions, "val": values}))
 
 
 def requests(books: Books, records: Mapping[int, ArrayRecord]) -> None:

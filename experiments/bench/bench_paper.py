@@ -23,7 +23,12 @@ from them (round 1, then 2,399 mean rounds), and the peak GPU memory in use
 (``nvidia-smi``, sampled every 0.5 s; blank without a GPU).
 
     python -m experiments.bench.bench_paper [--rounds 300] [--batching 0 100] [--supernodes 2]
+    python -m experiments.bench.bench_paper --rounds 2400 --batching 100 --no-loop --keep runs/paper
     python -m experiments.bench.bench_paper --small      # a CPU-sized check of the same pipeline
+
+``--no-loop`` runs Flower's side alone, ``--no-flower`` the loop alone; ``--keep DIR`` keeps the runs' folders
+(``rounds.jsonl`` stamps each round's end, so a run cut short still says how
+far it got and how fast).
 
 Issue 17's goal: 2,400 rounds in under 10 minutes on one H100, at least 400
 clients a second. Measurements and the machines they came from: docs/simulation.md.
@@ -32,6 +37,7 @@ clients a second. Measurements and the machines they came from: docs/simulation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -40,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -152,15 +159,23 @@ class GpuMemory:
             self._thread.join()
 
 
-def row(name: str, result: dict[str, float], clients: int, loop_round_s: float, gpu_mb: float | None) -> str:
-    """One line of the table."""
+def row(name: str, result: dict[str, float], clients: int, loop_round_s: float | None, gpu_mb: float | None) -> str:
+    """One line of the table (``loop_round_s`` None: no loop ran beside it)."""
     mean = result["mean_round_s"]
     projected = result["first_round_s"] + (PAPER_ROUNDS - 1) * mean
     gpu = f"{gpu_mb:,.0f} MB" if gpu_mb is not None else ""
+    versus = f"{mean / loop_round_s:.2f}" if loop_round_s else ""
     return (
-        f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {mean / loop_round_s:.2f} | "
-        f"{result['first_round_s']:.1f} s | {projected / 60:.1f} min | {gpu} |"
+        f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {versus} | {result['first_round_s']:.1f} s | "
+        f"{result['whole_s']:.0f} s | {projected / 60:.1f} min | {gpu} |"
     )
+
+
+def timed(run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``run``'s result, with ``whole_s``: the seconds the whole run took, start-up and shut-down included."""
+    start = time.perf_counter()
+    result = run()
+    return {**result, "whole_s": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,27 +185,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batching", type=int, nargs="+", default=[0, 100], help="client-batching values")
     parser.add_argument("--supernodes", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="200 clients, 10 a round, a 5 x 5,000 sketch (CPU)")
+    parser.add_argument("--no-loop", action="store_true", help="run Flower's side alone")
+    parser.add_argument("--no-flower", action="store_true", help="run the plain loop alone")
+    parser.add_argument("--keep", type=Path, help="keep the runs' folders here (default: a temporary folder)")
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is timed apart from the rest)")
     threads = len(os.sched_getaffinity(0))
     lines = []
-    with tempfile.TemporaryDirectory(prefix="bench-paper-") as tmp:
-        folder = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-paper-")))
+        folder.mkdir(parents=True, exist_ok=True)
         base = paper_config(folder / "none.npz", args.rounds, 0, folder, args.small)
         data = write_standin(folder, base.num_clients, base.samples_per_client)
         for batching in args.batching:
             cfg = paper_config(data, args.rounds, batching, folder / f"b{batching}", args.small)
-            with GpuMemory() as loop_gpu:
-                loop = run_plain_loop_in_child(cfg, threads)
+            n, loop_s = cfg.clients_per_round, None
+            if not args.no_loop:
+                with GpuMemory() as loop_gpu:
+                    loop = timed(lambda: run_plain_loop_in_child(cfg, threads))  # noqa: B023 -- called at once
+                print(f"client-batching {batching}: loop {loop}", file=sys.stderr, flush=True)
+                loop_s = loop["mean_round_s"]
+                lines.append(row(f"loop, client-batching {batching}", loop, n, loop_s, loop_gpu.peak_mb))
+            if args.no_flower:
+                continue
+            flower_cfg = dataclasses.replace(cfg, experiment=f"{cfg.experiment}-flower")
             with GpuMemory() as flower_gpu:
-                flower = flower_run(dataclasses.replace(cfg, experiment=f"{cfg.experiment}-flower"), args.supernodes)
-            print(f"client-batching {batching}: loop {loop}, flower {flower}", file=sys.stderr, flush=True)
-            n = cfg.clients_per_round
-            lines.append(row(f"loop, client-batching {batching}", loop, n, loop["mean_round_s"], loop_gpu.peak_mb))
-            lines.append(
-                row(f"Flower, client-batching {batching}", flower, n, loop["mean_round_s"], flower_gpu.peak_mb)
-            )
+                flower = timed(lambda: flower_run(flower_cfg, args.supernodes))  # noqa: B023 -- called at once
+            print(f"client-batching {batching}: flower {flower}", file=sys.stderr, flush=True)
+            lines.append(row(f"Flower, client-batching {batching}", flower, n, loop_s, flower_gpu.peak_mb))
     gpu = _gpu_name()
     print(
         f"FetchSGD, {base.num_clients:,} clients of {base.samples_per_client} generated 32x32x3 images of one "
@@ -199,10 +222,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.supernodes} simulated nodes; {gpu or f'CPU, {threads} cores'}"
     )
     print(
-        f"| run | seconds a round (mean) | clients/s | vs the loop | round 1 done after | {PAPER_ROUNDS:,} rounds "
-        "| GPU memory (peak) |"
+        f"| run | seconds a round (mean) | clients/s | vs the loop | round 1 done after | whole run "
+        f"| {PAPER_ROUNDS:,} rounds (projected) | GPU memory (peak) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(lines))
 
 

@@ -66,13 +66,23 @@ def encode_sparse(
     }
     if varint:
         candidates[ENC_VARINT] = _varint_encode(np.diff(idx, prepend=-1) - 1)
-    enc = min(candidates, key=lambda e: (candidates[e].nbytes, e))
+    enc = _smallest({e: arr.nbytes for e, arr in candidates.items()})
     if enc == ENC_BITMAP:
         mask = np.zeros(d, dtype=np.uint8)
         mask[idx] = 1
         candidates[ENC_BITMAP] = pack_bits(mask, 1)
     key = {ENC_INDICES: "idx", ENC_BITMAP: "mask", ENC_VARINT: "gaps"}[enc]
     return {"enc": np.array([enc], dtype=np.uint8), key: candidates[enc], "val": val}
+
+
+def pick_encoding(count: int, d: int) -> int:
+    """The encoding :func:`encode_sparse` picks (without ``varint``) for ``count`` of ``d`` coordinates."""
+    return _smallest({ENC_INDICES: 4 * count, ENC_BITMAP: packed_size(check_d(d), 1)})
+
+
+def _smallest(sizes: dict[int, int]) -> int:
+    """The encoding of fewest bytes; ties go to the lower ``enc``."""
+    return min(sizes, key=lambda e: (sizes[e], e))
 
 
 def decode_sparse_pairs(payload: Payload, d: int) -> tuple[torch.Tensor, torch.Tensor]:
