@@ -23,9 +23,9 @@ from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from clients import messages
 from fedsketch import download, wire
+from fedsketch.books import Books
 from fedsketch.compress import sparse
 from fedsketch.compress.bits import packed_size
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Payload
 from strategies.plan import RoundPlan
