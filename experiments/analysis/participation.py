@@ -17,7 +17,6 @@ mean and min-max band over seeds). docs/regime.md holds the measured map.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
+from experiments.analysis import map_cli
 from experiments.analysis.equal_bytes import Comparison, compare
 from experiments.analysis.plots import BytesFormatter, BytesLocator, curve
 from experiments.analysis.results import RunGroup, Spread, collect_groups, format_bytes, format_spread
@@ -182,20 +182,7 @@ def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m experiments.analysis.participation RUNS_DIR [--out DIR]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.analysis.participation", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("runs", type=Path, help="the folder holding the participation-* experiments, e.g. runs")
-    parser.add_argument("--out", type=Path, help="where to write participation.png (default: the runs folder)")
-    args = parser.parse_args(argv)
-    try:
-        cells = collect(args.runs)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(table(cells))
-    print(f"\nwrote {draw(cells, args.out or args.runs)} ({len(cells)} cells)")
-    return 0
+    return map_cli.run(argv, "participation", __doc__.split("\n")[0], collect, table, draw, "cells")
 
 
 if __name__ == "__main__":

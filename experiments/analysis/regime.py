@@ -22,7 +22,6 @@ figure, so a test can check them rather than the pixels.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from experiments.analysis import map_cli
 from fedsketch import runlog
 
 FIGURE = "regime.png"
@@ -289,19 +289,7 @@ def _number(value: object) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m experiments.analysis.regime RUNS_DIR [--out DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.analysis.regime", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", type=Path, help="the folder holding the regime-* experiments, e.g. runs")
-    parser.add_argument("--out", type=Path, help="where to write regime.png (default: the runs folder)")
-    args = parser.parse_args(argv)
-    try:
-        points = collect(args.runs)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    path = draw(points, args.out or args.runs)
-    print(table(points))
-    print(f"\nwrote {path} ({len(points)} FetchSGD runs)")
-    return 0
+    return map_cli.run(argv, "regime", __doc__.split("\n")[0], collect, table, draw, "FetchSGD runs")
 
 
 if __name__ == "__main__":
