@@ -19,13 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from clients.runtime import supernode_waits
 from clients.runtime.joining import report_joining
 
 
-def run_supernode(argv: list[str], report_fd: int | None = None) -> NoReturn:
+def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool = False) -> NoReturn:
     """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``.
 
-    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.runtime.joining`).
+    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.runtime.joining`);
+    with ``backoff``, the SuperNode asks for its next message soon after a reply (:mod:`clients.runtime.supernode_waits`).
     """
     _name_process("flower-supernode")
     code = 1
@@ -34,6 +36,8 @@ def run_supernode(argv: list[str], report_fd: int | None = None) -> NoReturn:
 
         if report_fd is not None:
             report_joining(report_fd)
+        if backoff:
+            supernode_waits.install()
 
         sys.argv = argv
         flower_supernode()

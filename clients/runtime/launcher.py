@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from clients.runtime.forked import limit_malloc_arenas, run_supernode, run_task
 from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
+from clients.runtime.supernode_waits import CHOICES
 
 if TYPE_CHECKING:
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -79,12 +80,15 @@ class LauncherOptions:
     port: int = DEFAULT_PORT
     poll_s: float = 0.2
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    supernode_waits: str = "backoff"  # supernode_waits.CHOICES: "flower" keeps Flower's 3 s idle wait
 
     def __post_init__(self) -> None:
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port must be a TCP port (1-65535); got {self.port}")
         if not 0.01 <= self.poll_s <= 60:
             raise ValueError(f"--poll-s must be between 0.01 and 60 seconds; got {self.poll_s}")
+        if self.supernode_waits not in CHOICES:
+            raise ValueError(f"--supernode-waits must be one of {', '.join(CHOICES)}; got {self.supernode_waits!r}")
 
     @property
     def runtime_address(self) -> str:
@@ -251,11 +255,14 @@ def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the SuperNode's Runtime API port")
     parser.add_argument("--poll-s", type=float, default=0.2, help="seconds between asks for a task")
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules to import once, comma-separated")
+    parser.add_argument(
+        "--supernode-waits", default="backoff", help="backoff (ask soon after a reply) or flower (Flower's 3 s)"
+    )
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     ns = parser.parse_args(argv[:cut])
     try:
-        options = LauncherOptions(ns.port, ns.poll_s, tuple(m for m in ns.preload.split(",") if m))
+        options = LauncherOptions(ns.port, ns.poll_s, tuple(m for m in ns.preload.split(",") if m), ns.supernode_waits)
         return options, supernode_argv(argv[cut + 1 :], options)
     except ValueError as exc:
         parser.error(str(exc))
@@ -273,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     joined, joined_w = os.pipe()
-    launcher = Launcher(options, _fork(run_supernode, command, joined_w))
+    launcher = Launcher(options, _fork(run_supernode, command, joined_w, options.supernode_waits == "backoff"))
     os.close(joined_w)  # the SuperNode holds the only writer: its exit ends the pipe
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopper(launcher))

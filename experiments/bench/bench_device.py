@@ -9,7 +9,9 @@ everything it or its launcher started) every 20 ms, for each setup:
 - ``today``: Flower's default ``--isolation subprocess``, a fresh ClientApp
   process per message, in this environment (``--before-app``: the app's code as
   it was, e.g. an older checkout);
-- ``launcher``: :mod:`clients.runtime.launcher` (one warm process, a fork per message);
+- ``launcher``: :mod:`clients.runtime.launcher` (one warm process, a fork per message), its
+  SuperNode asking for the next message soon after a reply (:mod:`clients.runtime.supernode_waits`);
+- ``launcher, Flower's waits`` (``flowerwaits``): the same with Flower's own 3 s idle wait;
 - ``launcher, device env``: the same in ``--device-venv`` (a CPU-only torch).
 
 Per round, on the device: ``device s`` from the SuperNode's "Receiving" to its
@@ -23,7 +25,7 @@ at its peak and while idle between rounds; RSS summed the same way is printed
 too. Bytes are the serialized bytes the server counted per round
 (``metrics.jsonl``). Medians over the rounds.
 
-    python -m experiments.bench.bench_device [--rounds 5] [--models mlp,cnn] [--setups today,launcher,device]
+    python -m experiments.bench.bench_device [--rounds 5] [--models mlp,cnn] [--setups today,launcher,flowerwaits,device]
         [--device-venv /work/devvenv] [--before-app DIR]
 """
 
@@ -124,9 +126,10 @@ def _toml(settings: dict[str, Any]) -> str:
 def measure(setup: str, settings: dict[str, Any], app: Path, device_bin: Path | None, work: Path) -> dict[str, Any]:
     """One federation of one SuperNode under ``setup``; the device's figures per round."""
     isolation = "subprocess" if setup == "today" else "launcher"
+    waits = "flower" if "Flower's waits" in setup else "backoff"
     (work / "run").mkdir(parents=True)
     (work / "run_config.toml").write_text(_toml(settings), encoding="utf-8")
-    with LocalFederation(Deployment(1, isolation=isolation), work / "fed", device_bin) as fed:
+    with LocalFederation(Deployment(1, isolation=isolation, supernode_waits=waits), work / "fed", device_bin) as fed:
         sampler = DeviceSampler(fed.procs["supernode-0"].pid, fed.log("supernode-0"))
         sampler.start()
         if isolation == "launcher":
@@ -202,6 +205,11 @@ def _print_table(results: list[tuple[str, str, dict[str, Any]]]) -> None:
         )
 
 
+def _key(setup: str) -> str:
+    """A setup's name in ``--setups``."""
+    return "device" if "device" in setup else "flowerwaits" if "Flower's waits" in setup else setup
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure every model under every setup; print the table and the ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-app", type=Path, default=APP_DIR, help="the app's code for 'today' (a checkout)")
     parser.add_argument(
         "--setups",
-        default="today,launcher,device",
-        help="comma-separated: today, launcher, device (needs --device-venv); default: all",
+        default="today,launcher,flowerwaits,device",
+        help="comma-separated: today, launcher, flowerwaits, device (needs --device-venv); default: all",
     )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -230,18 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     setups: list[tuple[str, Path | None, Path]] = [
         ("today", None, args.before_app.resolve()),
         ("launcher", None, APP_DIR),
+        ("launcher, Flower's waits", None, APP_DIR),
     ]
     if device_bin is not None:
         setups.append(("launcher, device env", device_bin, APP_DIR))
-    chosen = {"device" if "device" in name else name for name in args.setups.split(",")}
-    setups = [s for s in setups if ("device" if "device" in s[0] else s[0]) in chosen]
+    chosen = set(args.setups.split(","))
+    setups = [s for s in setups if _key(s[0]) in chosen]
     results = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-device-"))  # kept if a run fails: its logs are there
     data_root = write_mnist_like(tmp / "mnist") if "cnn" in models else None
     for model in models:
         extra = {**MODELS[model], **({"data-root": str(data_root)} if model == "cnn" else {})}
         for setup, bin_dir, app in setups:
-            work = tmp / f"{model}-{setup.replace(', ', '-').replace(' ', '-')}"
+            work = tmp / f"{model}-{_key(setup)}"
             settings = {
                 **node_settings(1),
                 "num-rounds": args.rounds,

@@ -104,7 +104,8 @@ class LocalFederation:
             self.register([partition_id])
             key = self.keys[partition_id].private
         ca = self.certs.ca_cert if self.certs is not None else None
-        cmd = supernode_command(self.address, free_port(), partition_id, n, ca, key, self.deployment.isolation)
+        dep = self.deployment
+        cmd = supernode_command(self.address, free_port(), partition_id, n, ca, key, dep.isolation, dep.supernode_waits)
         # Each SuperNode gets its own FLWR_HOME, as it would on its own device.
         env = self._env(self.work_dir / "nodes" / f"node-{partition_id}")
         if self.device_bin is not None:

@@ -29,6 +29,7 @@ class Deployment:
     tls: bool = False
     auth: bool = False
     isolation: str = "launcher"
+    supernode_waits: str = "backoff"  # with the launcher; "flower": Flower's own 3 s idle wait
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -72,12 +73,13 @@ def supernode_command(
     ca_cert: Path | None,
     key: Path | None,
     isolation: str = "launcher",
+    waits: str = "backoff",
 ) -> list[str]:
     """The command for one device; ``port`` is its local Runtime API (one per node on a host).
 
-    With ``isolation = "launcher"``: ``python -m clients.runtime.launcher --port PORT --
-    flower-supernode ...`` (the launcher adds ``--isolation process`` and the
-    port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
+    With ``isolation = "launcher"``: ``python -m clients.runtime.launcher --port PORT
+    --supernode-waits WAITS -- flower-supernode ...`` (the launcher adds ``--isolation
+    process`` and the port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
     """
     cmd = ["flower-supernode", "--superlink", superlink]
     cmd += ["--root-certificates", str(ca_cert)] if ca_cert is not None else ["--insecure"]
@@ -85,7 +87,8 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(key)]
     cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
     if isolation == "launcher":
-        return ["python", "-m", "clients.runtime.launcher", "--port", str(port), "--", *cmd]
+        launcher = ["python", "-m", "clients.runtime.launcher", "--port", str(port), "--supernode-waits", waits]
+        return [*launcher, "--", *cmd]
     return [*cmd, "--port", str(port)]
 
 
