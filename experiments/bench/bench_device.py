@@ -22,11 +22,13 @@ everything, in the same environment; ``overhead s`` the difference;
 process. Memory is PSS (shared pages split between the processes sharing them,
 so a fork's pages are not counted twice) summed over the device's processes,
 at its peak and while idle between rounds; RSS summed the same way is printed
-too. Bytes are the serialized bytes the server counted per round
-(``metrics.jsonl``). Medians over the rounds.
+too. Bytes are the serialized bytes the server counted, per round
+(``metrics.jsonl``). ``round s (server)`` is the median time from one round's update to the
+next's (``rounds.jsonl``); it includes the server's evaluation in the rounds that evaluate
+(``--eval-every``, default every round). Medians over the rounds.
 
     python -m experiments.bench.bench_device [--rounds 5] [--models mlp,cnn] [--setups today,launcher,flowerwaits,device]
-        [--device-venv /work/devvenv] [--before-app DIR]
+        [--eval-every N] [--device-venv /work/devvenv] [--before-app DIR]
 """
 
 from __future__ import annotations
@@ -143,7 +145,9 @@ def measure(setup: str, settings: dict[str, Any], app: Path, device_bin: Path | 
     if len(found) != 1:
         raise RuntimeError(f"the run wrote no metrics.jsonl; see {work / 'flower.log'} and {work / 'fed' / 'logs'}")
     rows = [json.loads(line) for line in found[0].read_text().splitlines()]
-    walls = [b["wall_s"] - a["wall_s"] for a, b in itertools.pairwise(rows)]
+    stamps = [json.loads(line)["unix_time"] for line in (found[0].parent / "rounds.jsonl").read_text().splitlines()]
+    walls = [b - a for a, b in itertools.pairwise(stamps)]  # from one round's update to the next's
+    rounds = len(stamps)
     return {
         "device_s": statistics.median(sampler.round_seconds()),
         "life_s": statistics.median(sampler.task_lifetimes() or [float("nan")]),
@@ -151,8 +155,8 @@ def measure(setup: str, settings: dict[str, Any], app: Path, device_bin: Path | 
         "rss": sampler.peak_rss / 2**20,
         "idle_pss": sampler.idle_pss / 2**20,
         "round_s": statistics.median(walls) if walls else float("nan"),
-        "up": statistics.median(r["upload_bytes"] for r in rows),
-        "down": statistics.median(r["download_bytes"] for r in rows),
+        "up": rows[-1]["cum_upload_bytes"] / rounds,
+        "down": rows[-1]["cum_download_bytes"] / rounds,
         "rounds": len(sampler.round_seconds()),
     }
 
@@ -215,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds per federation (default: 5)")
     parser.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn (default: both)")
+    parser.add_argument(
+        "--eval-every", type=int, default=1, help="the server evaluates every N rounds (its round waits for it)"
+    )
     parser.add_argument("--device-venv", type=Path, help="a venv for the device (CPU-only torch); adds a setup")
     parser.add_argument("--before-app", type=Path, default=APP_DIR, help="the app's code for 'today' (a checkout)")
     parser.add_argument(
@@ -254,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = {
                 **node_settings(1),
                 "num-rounds": args.rounds,
-                "eval-every": 1,
+                "eval-every": args.eval_every,
                 **extra,
                 "out-dir": str(work / "run"),
             }
