@@ -1,10 +1,9 @@
 """A device's ClientApp launcher: import once, fork a child per round.
 
 The client of FetchSGD (Rothchild et al., ICML 2020) does milliseconds of work a
-round: one gradient and one Count Sketch. Flower's SuperNode (1.41, 1.42), in its
-default ``--isolation subprocess``, starts ``flower-superexec``, which launches
-a fresh ``flwr-clientapp`` process for every message; each one imports torch and
-Flower again (6.3 s and 700 MiB of a 9 s, 800 MiB round on a 2-core CPU).
+round: one gradient and one Count Sketch. Flower's SuperNode (1.41, 1.42), in its default
+``--isolation subprocess``, starts a fresh ``flwr-clientapp`` process for every message, which
+imports torch and Flower again (most of a round's seconds and memory: docs/deployment.md).
 
 Started with ``--isolation process``, the SuperNode leaves that launching to a
 process of the operator's choice that asks its Runtime API for work
@@ -28,11 +27,12 @@ launcher exits when the SuperNode does, with its exit code, so a supervisor
 It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
 (:mod:`clients.runtime.joining`), ``waiting for the SuperLink at ...`` while the
 SuperNode still retries, and, when the SuperNode exits before that (a key the
-SuperLink refuses, one it cannot read), what its exit code most likely means.
+SuperLink refuses, one it cannot read), what its exit code most likely means. After a reply, its
+SuperNode soon asks for the next message (:mod:`clients.runtime.supernode_waits`) and it for the next task.
 
 Usage (``docs/deployment.md``)::
 
-    python -m clients.runtime.launcher [--port 9094] [--poll-s 0.2] -- flower-supernode ARGS...
+    python -m clients.runtime.launcher [--port 9094] [--poll-s 0.2] [--supernode-waits backoff] -- flower-supernode ...
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from clients.runtime.forked import limit_malloc_arenas, run_supernode, run_task
 from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
-from clients.runtime.supernode_waits import CHOICES
+from clients.runtime.supernode_waits import Backoff, check_choice
 
 if TYPE_CHECKING:
     from flwr.supercore.runtime import RuntimeHttpClient
@@ -87,8 +87,7 @@ class LauncherOptions:
             raise ValueError(f"--port must be a TCP port (1-65535); got {self.port}")
         if not 0.01 <= self.poll_s <= 60:
             raise ValueError(f"--poll-s must be between 0.01 and 60 seconds; got {self.poll_s}")
-        if self.supernode_waits not in CHOICES:
-            raise ValueError(f"--supernode-waits must be one of {', '.join(CHOICES)}; got {self.supernode_waits!r}")
+        check_choice(self.supernode_waits)
 
     @property
     def runtime_address(self) -> str:
@@ -150,15 +149,18 @@ class Launcher:
         return not self.stopping and self.supernode_alive()
 
     def serve(self) -> int:
-        """Fork a child per task until the SuperNode exits or a signal stops us; returns the exit code."""
+        """Fork a child per task (asking 10 ms after one, backing off to ``poll_s``) until the SuperNode exits."""
         client = self._runtime_client()
+        backoff, wait = Backoff(first=0.01, cap=self.options.poll_s), self.options.poll_s
         try:
             while not self.stopping and self.supernode_alive():
                 self._reap()
                 if not self.tasks and (token := self._acquire(client)) is not None:
                     self.tasks.add(_fork(run_task, token, self.options.runtime_address))
+                    wait = backoff.first
                     continue
-                time.sleep(self.options.poll_s)
+                time.sleep(wait)
+                wait = min(backoff.cap, wait * backoff.factor)
         finally:
             client.close()
             self.stop()
@@ -253,7 +255,7 @@ def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
         "--host 127.0.0.1 --port PORT to it.",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the SuperNode's Runtime API port")
-    parser.add_argument("--poll-s", type=float, default=0.2, help="seconds between asks for a task")
+    parser.add_argument("--poll-s", type=float, default=0.2, help="at most this many seconds between asks for a task")
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules to import once, comma-separated")
     parser.add_argument(
         "--supernode-waits", default="backoff", help="backoff (ask soon after a reply) or flower (Flower's 3 s)"

@@ -33,6 +33,12 @@ LOCAL_POLL_S = 0.01
 CHOICES = ("backoff", "flower")
 
 
+def check_choice(choice: str) -> None:
+    """Refuse a ``--supernode-waits`` value other than :data:`CHOICES`."""
+    if choice not in CHOICES:
+        raise ValueError(f"--supernode-waits must be one of {', '.join(CHOICES)}; got {choice!r}")
+
+
 @dataclass(frozen=True)
 class Backoff:
     """The asks' waits after a reply: ``first``, then ``factor`` times the one before, at most ``cap``."""
