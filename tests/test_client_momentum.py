@@ -101,7 +101,7 @@ def _plain_sgd_before(
     return start - end
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.05], ids=["sgd", "weight-decay"])
 def test_momentum_zero_is_plain_sgd_bit_for_bit(dtype: torch.dtype, weight_decay: float) -> None:
     spec = LocalSpec("delta", batch_size=8, steps=4, lr=0.1, weight_decay=weight_decay, momentum=0.0)

@@ -69,6 +69,7 @@ ROUND = "tests/test_round_math.py"
 EXACT = "tests/test_client_state_exact.py"
 STEP = "tests/test_fetchsgd.py"
 PATHS = "tests/test_sketch_paths.py tests/test_sketch.py"
+MOMENTUM = "tests/test_client_momentum.py tests/test_batched_local.py"
 FAULTS: tuple[Fault, ...] = (
     # ---- strategy level: what a round does to the model and to the byte counters
     _fault(
@@ -126,6 +127,55 @@ FAULTS: tuple[Fault, ...] = (
         "torch.sub(weights.to(end.dtype), end, out=weights)",
         "tests/test_local.py",
         "a client's update overwrites the global weights it started from",
+    ),
+    _fault(
+        "momentum-buffer-outlives-its-client",
+        "fedsketch/local.py",
+        "buffers: list[torch.Tensor | None] = [None] * len(list(model.parameters()))",
+        'buffers: list[torch.Tensor | None] = local_update.__dict__.setdefault("kept", [None] * len(list(model.parameters())))',
+        MOMENTUM,
+        "a client's local momentum starts from the buffer the previous client left",
+    ),
+    _fault(
+        "momentum-before-weight-decay",
+        "fedsketch/local.py",
+        "    b = g if buf is None else torch.add(buf * spec.momentum, g)\n    return torch.add(p, b, alpha=-spec.lr), b",
+        "    b = grad if buf is None else torch.add(buf * spec.momentum, grad)\n"
+        "    return torch.add(p, b + spec.weight_decay * p, alpha=-spec.lr), b",
+        MOMENTUM,
+        "local momentum accumulates the raw gradient and the weight decay is added after it",
+    ),
+    _fault(
+        "momentum-first-step-scaled",
+        "fedsketch/local.py",
+        "b = g if buf is None else",
+        "b = (1 - spec.momentum) * g if buf is None else",
+        MOMENTUM,
+        "local momentum's first step scales the gradient (an average, not torch's b = g)",
+    ),
+    _fault(
+        "momentum-zero-not-the-plain-floats",
+        "fedsketch/local.py",
+        "p.add_(p.grad + weight_decay * p, alpha=-lr)",
+        "p.add_(p.grad.add(p, alpha=weight_decay), alpha=-lr)",
+        MOMENTUM,
+        "momentum 0 with weight decay computes other floats than plain SGD did",
+    ),
+    _fault(
+        "vectorized-momentum-one-buffer",
+        "fedsketch/batched.py",
+        "buffers = {name: b for name, (_, b) in stepped.items()}",
+        "buffers = {name: b.mean(0, keepdim=True) for name, (_, b) in stepped.items()}",
+        MOMENTUM,
+        "the vectorized clients share one momentum buffer (their mean)",
+    ),
+    _fault(
+        "vectorized-momentum-ignored",
+        "fedsketch/batched.py",
+        "        if spec.momentum:\n            stepped",
+        "        if not spec.momentum:\n            stepped",
+        MOMENTUM,
+        "the vectorized local steps run plain SGD whatever client-momentum says",
     ),
     _fault(
         "pickup-waits-as-long-as-flowers",
