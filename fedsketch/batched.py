@@ -22,10 +22,13 @@ Local training (``client-update = "delta"``, FedAvg's local SGD, McMahan et
 al., AISTATS 2017) is vectorized the same way: the clients' parameters are
 stacked along a leading client dimension, ``vmap`` computes every client's
 gradient on its own batch, and the SGD step updates the stack, ``local-steps``
-times. Each client draws its batches from its own generator, step by step, as
-:func:`~fedsketch.local.local_update` does, so every client sees the same
-batches in the same order; in float64 its delta equals the one-at-a-time one
-to rounding (tests/test_batched_local.py).
+times. With local momentum (``client-momentum``, PyTorch's SGD: Sutskever et
+al., ICML 2013) the momentum buffers are stacked the same way, one row a
+client, and start from nothing in every call. Each client draws its batches
+from its own generator, step by step, as :func:`~fedsketch.local.local_update`
+does, so every client sees the same batches in the same order; in float64 its
+delta equals the one-at-a-time one to rounding (tests/test_batched_local.py,
+tests/test_client_momentum.py).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, replace_all_batch_norm_modules_, vmap
 from torch.nn import functional as F
 
-from fedsketch.local import LocalSpec, sample_batch
+from fedsketch.local import LocalSpec, momentum_step, sample_batch
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ def per_client_gradients(
 def per_client_local_training(
     model: nn.Module, weights: torch.Tensor, clients: list[LocalClient], spec: LocalSpec, max_clients: int
 ) -> list[tuple[torch.Tensor, float]]:
-    """Each client's delta ``weights - w_end`` after ``spec.steps`` SGD steps, and its mean loss over the steps.
+    """Each client's delta ``weights - w_end`` after ``spec.steps`` SGD steps (with ``spec.momentum``, momentum SGD:
+    :func:`~fedsketch.local.momentum_step`), and its mean loss over the steps.
 
     The vectorized :func:`~fedsketch.local.local_update` in ``"delta"`` mode:
     ``model`` is a :func:`functional_copy`; every step, each client draws a
@@ -136,13 +140,19 @@ def _train_stacked(
     device = next(iter(start.values())).device
     step = vmap(grad_and_value(_client_loss(model)))
     params = {name: p.expand(len(group), *p.shape) for name, p in start.items()}  # one start, not copied
+    buffers: dict[str, torch.Tensor] = {}  # momentum, one row a client of this group; none before the first step
     losses = []
     for _ in range(spec.steps):
         drawn = [sample_batch(c.x, c.y, spec.batch_size, c.gen) for c in group]
         xs = torch.stack([x for x, _ in drawn]).to(device)
         ys = torch.stack([y for _, y in drawn]).to(device)
         grads, values = step(params, xs, ys)
-        params = {name: _sgd(p, grads[name], spec) for name, p in params.items()}
+        if spec.momentum:
+            stepped = {name: momentum_step(p, grads[name], buffers.get(name), spec) for name, p in params.items()}
+            params = {name: p for name, (p, _) in stepped.items()}
+            buffers = {name: b for name, (_, b) in stepped.items()}
+        else:
+            params = {name: _sgd(p, grads[name], spec) for name, p in params.items()}
         losses.append(values.detach())
     return torch.cat([p.reshape(len(group), -1) for p in params.values()], dim=1), losses
 

@@ -75,6 +75,7 @@ class RunConfig:
     client_batching: int = _s("client-batching")
     client_lr: float = _s("client-lr")
     weight_decay: float = _s("weight-decay")
+    client_momentum: float = _s("client-momentum")
     # --- server optimizer
     lr: float = _s("lr")
     lr_schedule: str = _s("lr-schedule")

@@ -3,8 +3,10 @@
 FetchSGD's clients (Rothchild et al., ICML 2020, Algorithm 1) compute one
 gradient on a local batch: ``client_update = "gradient"``. The ``"delta"`` mode
 runs ``local_steps`` SGD steps and returns ``w_start - w_end`` (FedAvg's local
-training, McMahan et al. 2017). Either way the result is a *descent direction*:
-the server subtracts ``lr`` times (a compressed version of) its mean.
+training, McMahan et al. 2017), optionally with heavy-ball momentum
+(``client_momentum``: PyTorch's SGD, Sutskever et al., ICML 2013) whose buffer
+lives through one client's steps only. Either way the result is a *descent
+direction*: the server subtracts ``lr`` times (a compressed version of) its mean.
 
 Randomness (which samples form a batch) comes from a generator seeded by
 ``(run seed, round, client id)``, so a logical client computes the same update
@@ -24,13 +26,23 @@ from fedsketch.flat import get_flat_grad, set_flat
 
 @dataclass(frozen=True)
 class LocalSpec:
-    """How a client trains (a typed slice of the run config)."""
+    """How a client trains (a typed slice of the run config).
+
+    ``momentum``: local heavy-ball momentum in ``"delta"`` mode (0: plain SGD), see :func:`momentum_step`.
+    """
 
     mode: str = "gradient"
     batch_size: int = 64
     steps: int = 1
     lr: float = 0.1
     weight_decay: float = 0.0
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"local momentum must be in [0, 1); got {self.momentum}")
+        if self.momentum and self.mode != "delta":
+            raise ValueError(f"local momentum needs mode 'delta' (local SGD steps); got mode {self.mode!r}")
 
 
 @dataclass(frozen=True)
@@ -72,9 +84,13 @@ def local_update(
             update = update + spec.weight_decay * weights
         return LocalResult(update, min(len(x), spec.batch_size), loss)
     losses = []
+    buffers: list[torch.Tensor | None] = [None] * len(list(model.parameters()))  # this client's, this round's
     for _ in range(spec.steps):
         losses.append(_gradient_step(model, x, y, spec, gen))
-        _sgd_step(model, spec.lr, spec.weight_decay)
+        if spec.momentum:
+            _momentum_sgd_step(model, spec, buffers)
+        else:
+            _sgd_step(model, spec.lr, spec.weight_decay)
     # A new tensor in the model's dtype (float32 in a run; float64 in the exactness tests): the update is written
     # into it, sparing a client's worth of fresh memory.
     end = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -92,6 +108,31 @@ def _sgd_step(model: nn.Module, lr: float, weight_decay: float) -> None:
             p.add_(p.grad + weight_decay * p, alpha=-lr)
         else:
             p.add_(p.grad, alpha=-lr)
+
+
+def momentum_step(
+    p: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None, spec: LocalSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step with heavy-ball momentum, out of place: ``(new p, new buffer)``.
+
+    PyTorch's ``torch.optim.SGD`` (dampening 0, no Nesterov; Sutskever et al., ICML 2013), as FedAvg's local
+    training uses it (McMahan et al., AISTATS 2017): ``g = grad + wd * p``; ``b = g`` at the first step (``buf``
+    None), else ``b = momentum * b + g``; ``p - lr * b``. The vectorized path (:mod:`fedsketch.batched`) calls it
+    on stacked tensors with a leading client dimension, so both paths compute the same floats.
+    """
+    g = grad + spec.weight_decay * p if spec.weight_decay else grad
+    b = g if buf is None else torch.add(buf * spec.momentum, g)
+    return torch.add(p, b, alpha=-spec.lr), b
+
+
+@torch.no_grad()
+def _momentum_sgd_step(model: nn.Module, spec: LocalSpec, buffers: list[torch.Tensor | None]) -> None:
+    """:func:`momentum_step` on each parameter in place; ``buffers`` (one per parameter) carry to the next step."""
+    for i, p in enumerate(model.parameters()):
+        if p.grad is None:
+            continue
+        new_p, buffers[i] = momentum_step(p, p.grad.clone(), buffers[i], spec)
+        p.copy_(new_p)
 
 
 def require_examples(x: torch.Tensor) -> None:

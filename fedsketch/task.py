@@ -43,7 +43,9 @@ def make_model(cfg: RunConfig, data: FederatedData) -> nn.Module:
 
 def local_spec(cfg: RunConfig) -> LocalSpec:
     """How clients train."""
-    return LocalSpec(cfg.client_update, cfg.local_batch_size, cfg.local_steps, cfg.client_lr, cfg.weight_decay)
+    return LocalSpec(
+        cfg.client_update, cfg.local_batch_size, cfg.local_steps, cfg.client_lr, cfg.weight_decay, cfg.client_momentum
+    )
 
 
 def resolve_device(name: str) -> torch.device:

@@ -122,6 +122,13 @@ def _ranges(cfg: RunConfig) -> None:
             raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
     if not 0.0 <= cfg.momentum < 1.0:
         raise ConfigError(f"setting 'momentum' must be in [0, 1); got {cfg.momentum}")
+    if not 0.0 <= cfg.client_momentum < 1.0:
+        raise ConfigError(f"setting 'client-momentum' must be in [0, 1); got {cfg.client_momentum}")
+    if cfg.client_momentum and cfg.client_update != "delta":
+        raise ConfigError(
+            f"setting 'client-momentum' needs 'client-update' = 'delta' (local SGD steps); got "
+            f"'client-update' = {cfg.client_update!r}, one gradient a client, which has no local steps to carry it"
+        )
     if not 0.0 < cfg.dp_delta < 1.0:
         raise ConfigError(f"setting 'dp-delta' must be in (0, 1); got {cfg.dp_delta}")
     if cfg.clients_per_round > cfg.num_clients:

@@ -4,9 +4,11 @@ The reference is :func:`fedsketch.local.local_update`, one client at a time,
 each client with its own generator; the vectorized path is
 :func:`fedsketch.batched.per_client_local_training`, fed fresh generators of the
 same seeds. In float64 the two agree to rounding, so the tolerance is tight:
-any change of batch, order, step or learning rate shows. Local momentum is not
-a setting (a client's local step is plain SGD with optional weight decay), so
-there is no momentum case.
+any change of batch, order, step, learning rate or momentum shows. Local
+momentum (``client-momentum``) keeps one buffer a client, stacked along the
+client dimension; its cases check that no client's buffer leaks into another's
+and that each client's starts afresh (tests/test_client_momentum.py checks
+one client's momentum steps against ``torch.optim.SGD``).
 """
 
 from __future__ import annotations
@@ -71,15 +73,19 @@ def compare(
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.05], ids=["sgd", "weight-decay"])
-def test_vectorized_local_training_equals_one_client_at_a_time(name: str, weight_decay: float) -> None:
-    """Unequal clients (four batch shapes, chunks of 3), 4 steps of 8, plain SGD or with weight decay."""
-    deltas = compare(name, LocalSpec("delta", batch_size=8, steps=4, lr=0.1, weight_decay=weight_decay))
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["plain", "momentum"])
+def test_vectorized_local_training_equals_one_client_at_a_time(name: str, weight_decay: float, momentum: float) -> None:
+    """Unequal clients (four batch shapes, chunks of 3), 4 steps of 8, plain SGD or with weight decay, with or
+    without local momentum."""
+    spec = LocalSpec("delta", batch_size=8, steps=4, lr=0.1, weight_decay=weight_decay, momentum=momentum)
+    deltas = compare(name, spec)
     assert not torch.allclose(deltas[0], deltas[1])  # same size, own data and batches: own delta
 
 
-def test_one_client_per_call_and_all_at_once_agree() -> None:
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["sgd", "momentum"])
+def test_one_client_per_call_and_all_at_once_agree(momentum: float) -> None:
     """The chunking does not matter: max_clients 1 and 9 give the same deltas (equal rows, not one broadcast)."""
-    spec = LocalSpec("delta", batch_size=8, steps=3, lr=0.2, weight_decay=0.01)
+    spec = LocalSpec("delta", batch_size=8, steps=3, lr=0.2, weight_decay=0.01, momentum=momentum)
     one, all_ = compare("mlp", spec, max_clients=1), compare("mlp", spec, max_clients=len(SIZES))
     for a, b in zip(one, all_, strict=True):
         torch.testing.assert_close(a, b, **TIGHT)

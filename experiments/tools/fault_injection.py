@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.tools.fault_list import FAULTS, Fault, FaultListError
+from experiments.tools.fault import Fault, FaultListError
+from experiments.tools.fault_list import FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTEST = ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider")
@@ -67,7 +68,7 @@ def apply(fault: Fault, root: Path) -> None:
     if count != 1:
         raise FaultListError(
             f"fault {fault.name}: the snippet {fault.old!r} occurs {count} times in {fault.path} (expected once); "
-            "update experiments/tools/fault_list.py to the current code"
+            "update the fault list (experiments/tools/fault_list.py, fault_list_math.py) to the current code"
         )
     target.write_text(text.replace(fault.old, fault.new))
 

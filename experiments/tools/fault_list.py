@@ -7,33 +7,15 @@ refactor that moves code is told to update this list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-class FaultListError(ValueError):
-    """A fault's snippet does not match the code exactly once: the list needs updating."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Replace ``old`` by ``new`` in ``path`` (relative to the repository); ``tests`` must then fail."""
-
-    name: str
-    path: str
-    old: str
-    new: str
-    tests: tuple[str, ...]
-    what: str = ""
-
-
-def _fault(name: str, path: str, old: str, new: str, tests: str, what: str) -> Fault:
-    return Fault(name, path, old, new, tuple(tests.split()), what)
-
+from experiments.tools.fault import Fault
+from experiments.tools.fault import fault as _fault
+from experiments.tools.fault_list_math import MATH_FAULTS
 
 ROUND = "tests/test_round_math.py"
 EXACT = "tests/test_client_state_exact.py"
 STEP = "tests/test_fetchsgd.py"
 PATHS = "tests/test_sketch_paths.py tests/test_sketch.py"
+MOMENTUM = "tests/test_client_momentum.py tests/test_batched_local.py"
 FAULTS: tuple[Fault, ...] = (
     # ---- strategy level: what a round does to the model and to the byte counters
     _fault(
@@ -91,6 +73,55 @@ FAULTS: tuple[Fault, ...] = (
         "torch.sub(weights.to(end.dtype), end, out=weights)",
         "tests/test_local.py",
         "a client's update overwrites the global weights it started from",
+    ),
+    _fault(
+        "momentum-buffer-outlives-its-client",
+        "fedsketch/local.py",
+        "buffers: list[torch.Tensor | None] = [None] * len(list(model.parameters()))",
+        'buffers: list[torch.Tensor | None] = local_update.__dict__.setdefault("kept", [None] * len(list(model.parameters())))',
+        MOMENTUM,
+        "a client's local momentum starts from the buffer the previous client left",
+    ),
+    _fault(
+        "momentum-before-weight-decay",
+        "fedsketch/local.py",
+        "    b = g if buf is None else torch.add(buf * spec.momentum, g)\n    return torch.add(p, b, alpha=-spec.lr), b",
+        "    b = grad if buf is None else torch.add(buf * spec.momentum, grad)\n"
+        "    return torch.add(p, b + spec.weight_decay * p, alpha=-spec.lr), b",
+        MOMENTUM,
+        "local momentum accumulates the raw gradient and the weight decay is added after it",
+    ),
+    _fault(
+        "momentum-first-step-scaled",
+        "fedsketch/local.py",
+        "b = g if buf is None else",
+        "b = (1 - spec.momentum) * g if buf is None else",
+        MOMENTUM,
+        "local momentum's first step scales the gradient (an average, not torch's b = g)",
+    ),
+    _fault(
+        "momentum-zero-not-the-plain-floats",
+        "fedsketch/local.py",
+        "p.add_(p.grad + weight_decay * p, alpha=-lr)",
+        "p.add_(p.grad.add(p, alpha=weight_decay), alpha=-lr)",
+        MOMENTUM,
+        "momentum 0 with weight decay computes other floats than plain SGD did",
+    ),
+    _fault(
+        "vectorized-momentum-one-buffer",
+        "fedsketch/batched.py",
+        "buffers = {name: b for name, (_, b) in stepped.items()}",
+        "buffers = {name: b.mean(0, keepdim=True) for name, (_, b) in stepped.items()}",
+        MOMENTUM,
+        "the vectorized clients share one momentum buffer (their mean)",
+    ),
+    _fault(
+        "vectorized-momentum-ignored",
+        "fedsketch/batched.py",
+        "        if spec.momentum:\n            stepped",
+        "        if not spec.momentum:\n            stepped",
+        MOMENTUM,
+        "the vectorized local steps run plain SGD whatever client-momentum says",
     ),
     _fault(
         "pickup-waits-as-long-as-flowers",
@@ -157,168 +188,5 @@ FAULTS: tuple[Fault, ...] = (
         ROUND,
         "the round's config is left out of the first exchange's download",
     ),
-    # ---- the sketch
-    _fault(
-        "f-window-off-by-one",
-        "fedsketch/_hashing.py",
-        "m = C if wide else min(C, cols - start)",
-        "m = C if wide else min(C, cols - start - 1)",
-        PATHS,
-        "off-by-one where a window wraps in the direct path (cols > 4 * 2**15, several chunks)",
-    ),
-    _fault(
-        "g-rows-share-signs",
-        "fedsketch/_hashing.py",
-        "odd = polynomial_hash(self.coeffs[4:], hi) % 2",
-        "odd = polynomial_hash(self.coeffs[4:, :1], hi).expand(self.rows, -1) % 2",
-        PATHS,
-        "every row uses row 0's chunk signs",
-    ),
-    _fault(
-        "h-topk-bar-too-high",
-        "fedsketch/sketch.py",
-        "count, trimmed, bar[0] = [idx], [val], k, True, float(kth)",
-        "count, trimmed, bar[0] = [idx], [val], k, True, float(kth) * 1.01",
-        PATHS,
-        "top-k's running candidate threshold 1% above the k-th magnitude",
-    ),
-    # ---- FetchSGD's server step (lossy sketches, k < d)
-    _fault(
-        "fetchsgd-error-not-zeroed",
-        "fedsketch/algorithms/fetchsgd.py",
-        "error = _take_out(error_sketch, indices, values, params.error_feedback)",
-        "error = error_sketch.table",
-        STEP,
-        "FetchSGD's error feedback does not take Delta out of S_e",
-    ),
-    _fault(
-        "fetchsgd-error-not-carried",
-        "fedsketch/algorithms/fetchsgd.py",
-        "error = state.error + into_error * momentum",
-        "error = into_error * momentum",
-        STEP,
-        "FetchSGD drops the error accumulated in earlier rounds",
-    ),
-    _fault(
-        "fetchsgd-update-lr-dropped",
-        "fedsketch/algorithms/fetchsgd.py",
-        "applied = values if onto_update == 1.0 else onto_update * values",
-        "applied = values",
-        STEP,
-        "lr-placement = update: the applied update is not scaled by the learning rate",
-    ),
-    _fault(
-        "fetchsgd-no-momentum",
-        "fedsketch/algorithms/fetchsgd.py",
-        "momentum = params.momentum * state.momentum + merged",
-        "momentum = merged",
-        STEP,
-        "FetchSGD's momentum is not applied",
-    ),
-    _fault(
-        "fetchsgd-momentum-not-zeroed",
-        "fedsketch/algorithms/fetchsgd.py",
-        "    if params.momentum_zeroing:\n",
-        "    if False:\n",
-        STEP,
-        "FetchSGD never zeroes momentum at Delta's support",
-    ),
-    # ---- the conservation tests check the selection rule, not only an identity
-    _fault(
-        "fetchsgd-first-k",
-        "fedsketch/algorithms/fetchsgd.py",
-        "indices, values = error_sketch.topk(params.k)",
-        "indices = torch.arange(params.k); values = error_sketch.estimate(indices)",
-        "tests/test_fetchsgd.py::test_subtract_variant_conserves_mass_in_sketch_space",
-        "FetchSGD applies the first k coordinates, not the top k (mass still conserved)",
-    ),
-    _fault(
-        "sketched-top-k-signed",
-        "fedsketch/algorithms/sketched_sgd.py",
-        "top = torch.topk(exact.abs(), min(params.k, exact.numel()), sorted=False).indices",
-        "top = torch.topk(exact, min(params.k, exact.numel()), sorted=False).indices",
-        "tests/test_sketched_sgd.py::test_error_accumulation_conserves_mass_over_rounds",
-        "Sketched-SGD ranks the exact sums by signed value, not magnitude (mass still conserved)",
-    ),
-    _fault(
-        "true-topk-signed",
-        "fedsketch/algorithms/topk_sgd.py",
-        "support = torch.topk(error.abs(), params.k, sorted=False).indices",
-        "support = torch.topk(error, params.k, sorted=False).indices",
-        "tests/test_topk_sgd.py::test_true_topk_conserves_mass",
-        "true top-k ranks by signed value, not magnitude (mass still conserved)",
-    ),
-    # ---- client state, downloads, PowerSGD, the one weighted mean
-    _fault(
-        "applied-never-marked",
-        "strategies/strategy.py",
-        "self.books.applied.update(dict.fromkeys(used, server_round))",
-        "pass",
-        EXACT,
-        "the server never tells a client its upload was applied",
-    ),
-    _fault(
-        "settle-ignores-server",
-        "fedsketch/client_state.py",
-        "if applied is not None and pending_round(stored) == applied:",
-        "if pending_round(stored) is not None:",
-        EXACT,
-        "a client commits its pending state whether or not the server applied its upload",
-    ),
-    _fault(
-        "catch-up-misses-a-round",
-        "fedsketch/download.py",
-        "idx = torch.nonzero(ledger.changed_at >= since).flatten()",
-        "idx = torch.nonzero(ledger.changed_at > since).flatten()",
-        "tests/test_download.py",
-        "a catch-up leaves out the coordinates changed in the round the client last synced",
-    ),
-    _fault(
-        "powersgd-unorthogonalized",
-        "fedsketch/algorithms/powersgd.py",
-        "parts = [orthogonalize(f) for f in _factors(flat, p, side)]",
-        "parts = _factors(flat, p, side)",
-        "tests/test_powersgd.py",
-        "PowerSGD's P and Q are used without orthogonalization",
-    ),
-    _fault(
-        "powersgd-error-dropped",
-        "fedsketch/methods/powersgd.py",
-        '{"error": powersgd.residual(target, p_hat, q, p)}',
-        '{"error": torch.zeros_like(target)}',
-        "tests/test_powersgd.py",
-        "PowerSGD clients drop what their factors did not carry",
-    ),
-    _fault(
-        "weighted-mean-unweighted",
-        "fedsketch/aggregate.py",
-        "out += (w / total) * x.to(out.device)",
-        "out += x.to(out.device) / len(arrays)",
-        ROUND,
-        "the one weighted mean ignores the example counts",
-    ),
-    _fault(
-        "fidelity-recall-counts-zeros",
-        "fedsketch/algorithms/fidelity.py",
-        "support = support[error[support] != 0]",
-        "support = support",
-        "tests/test_sketch_fidelity.py",
-        "the diagnostic's recall counts zeros of a sparse error as part of the true top-k",
-    ),
-    _fault(
-        "backend-shares-the-message",
-        "clients/runtime/simulation_backend.py",
-        "self.app(message=delivered(message), context=context)",
-        "self.app(message=message, context=context)",
-        "tests/test_simulation_backend.py",
-        "the in-process backend hands the sender's own message to the ClientApp",
-    ),
-    _fault(
-        "threads-share-a-model",
-        "fedsketch/cohort.py",
-        '_THREAD.__dict__.setdefault("models", {})',
-        'globals().setdefault("_SHARED", {})',
-        "tests/test_simulation_backend.py",
-        "every thread of the simulation process trains on one scratch model",
-    ),
+    *MATH_FAULTS,
 )
