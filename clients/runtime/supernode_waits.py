@@ -17,11 +17,11 @@ importing this module changes nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 MODULE = "flwr.supernode.start_client_internal"
@@ -96,24 +96,22 @@ def install(backoff: Backoff | None = None) -> BackoffClock:
     if getattr(module, "time", None) is not time or push is None:
         raise RuntimeError(f"{MODULE} has not the loop this patch expects (Flower 1.41 or 1.42); run without it")
     clock = BackoffClock(backoff or Backoff())
-    module.time = clock  # type: ignore[attr-defined]  # a stand-in with the same interface
-    module._push_messages = _after_reply(push, clock)  # type: ignore[attr-defined]
+    names = vars(module)  # the loop reads both as module globals
+    names["time"], names["_push_messages"] = clock, _after_reply(push, clock)
     return clock
 
 
 def uninstall() -> None:
     """Flower's own clock and push again (for tests in one process)."""
-    module: ModuleType = importlib.import_module(MODULE)
-    clock = getattr(module, "time", None)
-    if isinstance(clock, BackoffClock):
-        module.time = time  # type: ignore[attr-defined]
-        module._push_messages = module._push_messages.__wrapped__  # type: ignore[attr-defined]
+    names = vars(importlib.import_module(MODULE))
+    if isinstance(names.get("time"), BackoffClock):
+        names["time"], names["_push_messages"] = time, names["_push_messages"].__wrapped__
 
 
 def _after_reply(push: Callable[..., None], clock: BackoffClock) -> Callable[..., None]:
+    @functools.wraps(push)  # keeps ``push`` as ``__wrapped__`` for :func:`uninstall`
     def push_then_ask_soon(*args: Any, **kwargs: Any) -> None:
         clock.replied()
         push(*args, **kwargs)
 
-    push_then_ask_soon.__wrapped__ = push  # type: ignore[attr-defined]
     return push_then_ask_soon
