@@ -149,12 +149,13 @@ class Launcher:
         return not self.stopping and self.supernode_alive()
 
     def serve(self) -> int:
-        """Fork a child per task (asking 10 ms after one, backing off to ``poll_s``) until the SuperNode exits."""
+        """Fork a child per task (asking 10 ms after one starts or ends, then backing off to ``poll_s``)."""
         client = self._runtime_client()
         backoff, wait = Backoff(first=0.01, cap=self.options.poll_s), self.options.poll_s
         try:
             while not self.stopping and self.supernode_alive():
-                self._reap()
+                if self.tasks and not self._reap():  # a task just ended: its reply is out, the next message comes soon
+                    wait = backoff.first
                 if not self.tasks and (token := self._acquire(client)) is not None:
                     self.tasks.add(_fork(run_task, token, self.options.runtime_address))
                     wait = backoff.first
@@ -257,9 +258,7 @@ def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the SuperNode's Runtime API port")
     parser.add_argument("--poll-s", type=float, default=0.2, help="at most this many seconds between asks for a task")
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules to import once, comma-separated")
-    parser.add_argument(
-        "--supernode-waits", default="backoff", help="backoff (ask soon after a reply) or flower (Flower's 3 s)"
-    )
+    parser.add_argument("--supernode-waits", default="backoff", help="backoff (ask soon after a reply) or flower")
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     ns = parser.parse_args(argv[:cut])
