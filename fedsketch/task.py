@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fedsketch.data import DataSpec, FederatedData, load_federated
+from fedsketch import entry
+from fedsketch.data import DataSpec, FederatedData, load_federated, registry
 from fedsketch.local import LocalSpec
 from fedsketch.models import build_model
 
@@ -26,6 +27,27 @@ SPEC_NAMES = {"root": "data_root", "alpha": "partition_alpha"}
 def data_spec(cfg: RunConfig) -> DataSpec:
     """The dataset and partition a run uses."""
     return DataSpec(**{f.name: getattr(cfg, SPEC_NAMES.get(f.name, f.name)) for f in fields(DataSpec)})
+
+
+def fixed_input(cfg: RunConfig) -> tuple[tuple[int, ...], int] | None:
+    """The input shape and class count the run's model follows from its settings alone (a built-in model
+    on a data set of fixed shape, :mod:`fedsketch.data.registry`); ``None`` when only the data can say."""
+    info = registry.DATASETS.get(cfg.dataset)
+    if info is None or info.input_shape is None or info.num_classes is None or entry.is_reference(cfg.model):
+        return None
+    return info.input_shape, info.num_classes
+
+
+def model_shapes(cfg: RunConfig) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the run's model parameters, in order, with no weights made (the model is built on
+    the meta device) and no data read where :func:`fixed_input` knows the input; else from the data."""
+    fixed = fixed_input(cfg)
+    if fixed is None:
+        data = load_data(cfg)
+        fixed = tuple(data.input_shape), data.num_classes
+    with torch.device("meta"):
+        model = build_model(cfg.model, fixed[0], fixed[1], seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden)
+    return tuple(tuple(p.shape) for p in model.parameters())
 
 
 def load_data(cfg: RunConfig) -> FederatedData:

@@ -20,6 +20,7 @@ and the folder it came from is exported on ``PYTHONPATH`` for Flower's processes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
@@ -27,7 +28,7 @@ from typing import ParamSpec, TypeVar
 import torch
 from torch import nn
 
-from fedsketch import entry
+from fedsketch import entry, task
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.data import FederatedData, load_federated
 from fedsketch.data.registry import DATASETS
@@ -69,7 +70,9 @@ def check_runs(runs: Iterable[RunConfig]) -> list[Checked]:
     """
     runs = list(runs)
     sizes: dict[tuple[object, ...], int] = {}
-    for cfg in filter(_fixed_shape, runs):  # what the model's size alone refuses, before any data is loaded
+    for cfg in (
+        c for c in runs if task.fixed_input(c) is not None
+    ):  # what the model's size alone refuses, before any data is loaded
         shape_key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
         sizes[shape_key] = sizes[shape_key] if shape_key in sizes else model_size(cfg)
         check_against_model(cfg, sizes[shape_key])
@@ -105,22 +108,12 @@ def check_one(cfg: RunConfig) -> Checked:
 
 
 def model_size(cfg: RunConfig) -> int:
-    """The number of parameters of the run's model: built from the data set's fixed shape where it has one,
-    else after loading the data (once per process) and checking it as :func:`check_one` does."""
-    info = DATASETS[cfg.dataset] if _fixed_shape(cfg) else None
-    if info is None or info.input_shape is None or info.num_classes is None:
+    """The number of parameters of the run's model: from the data set's fixed shape where it has one
+    (:func:`fedsketch.task.fixed_input`), else after loading the data (once per process) and checking
+    it as :func:`check_one` does."""
+    if task.fixed_input(cfg) is None:
         return check_one(cfg).d
-    model = build_model(
-        cfg.model, info.input_shape, info.num_classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden
-    )
-    return sum(p.numel() for p in model.parameters())
-
-
-def _fixed_shape(cfg: RunConfig) -> bool:
-    """Whether the run's model size follows from its settings alone (a built-in model on a data set of fixed shape)."""
-    info = DATASETS.get(cfg.dataset)
-    fixed = info is not None and info.input_shape is not None and info.num_classes is not None
-    return fixed and not entry.is_reference(cfg.model)
+    return sum(math.prod(shape) for shape in task.model_shapes(cfg))
 
 
 def _refused(fn: Callable[P, R], what: str, *args: P.args, **kwargs: P.kwargs) -> R:

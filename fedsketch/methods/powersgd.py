@@ -48,7 +48,7 @@ from fedsketch.methods.method import (
     Wire,
 )
 from fedsketch.setting import Setting
-from fedsketch.task import load_data, make_model
+from fedsketch.task import model_shapes
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -62,8 +62,7 @@ Q_STREAM = 0x9051  # the private seed stream of the first round's Q
 @lru_cache(maxsize=8)
 def plan(cfg: RunConfig) -> powersgd.Plan:
     """Which slices of the flat parameters are compressed, at the run's rank (from the model's shapes)."""
-    model = make_model(cfg, load_data(cfg))
-    return powersgd.plan([tuple(p.shape) for p in model.parameters()], RANK.of(cfg))
+    return powersgd.plan(list(model_shapes(cfg)), RANK.of(cfg))
 
 
 def encode(update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payload, State]:
