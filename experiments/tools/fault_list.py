@@ -7,15 +7,10 @@ refactor that moves code is told to update this list.
 
 from __future__ import annotations
 
-from experiments.tools.fault import Fault
+from experiments.tools.fault import MOMENTUM, ROUND, Fault
 from experiments.tools.fault import fault as _fault
 from experiments.tools.fault_list_math import MATH_FAULTS
 
-ROUND = "tests/test_round_math.py"
-EXACT = "tests/test_client_state_exact.py"
-STEP = "tests/test_fetchsgd.py"
-PATHS = "tests/test_sketch_paths.py tests/test_sketch.py"
-MOMENTUM = "tests/test_client_momentum.py tests/test_batched_local.py"
 FAULTS: tuple[Fault, ...] = (
     # ---- strategy level: what a round does to the model and to the byte counters
     _fault(

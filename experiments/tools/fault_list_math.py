@@ -5,13 +5,9 @@ al., NeurIPS 2019). Part of :data:`experiments.tools.fault_list.FAULTS`.
 
 from __future__ import annotations
 
-from experiments.tools.fault import Fault
+from experiments.tools.fault import EXACT, PATHS, ROUND, STEP, Fault
 from experiments.tools.fault import fault as _fault
 
-ROUND = "tests/test_round_math.py"
-EXACT = "tests/test_client_state_exact.py"
-STEP = "tests/test_fetchsgd.py"
-PATHS = "tests/test_sketch_paths.py tests/test_sketch.py"
 MATH_FAULTS: tuple[Fault, ...] = (
     # ---- the sketch
     _fault(
