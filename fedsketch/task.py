@@ -46,7 +46,7 @@ def model_shapes(cfg: RunConfig) -> tuple[tuple[int, ...], ...]:
         data = load_data(cfg)
         fixed = tuple(data.input_shape), data.num_classes
     with torch.device("meta"):
-        model = build_model(cfg.model, fixed[0], fixed[1], seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden)
+        model = _build(cfg, *fixed)
     return tuple(tuple(p.shape) for p in model.parameters())
 
 
@@ -57,10 +57,12 @@ def load_data(cfg: RunConfig) -> FederatedData:
 
 def make_model(cfg: RunConfig, data: FederatedData) -> nn.Module:
     """The run's model, initialised deterministically from the run seed."""
-    model = build_model(
-        cfg.model, data.input_shape, data.num_classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden
-    )
-    return model.to(resolve_device(cfg.device))
+    return _build(cfg, data.input_shape, data.num_classes).to(resolve_device(cfg.device))
+
+
+def _build(cfg: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The run's model for inputs of ``input_shape`` and ``num_classes`` classes, on the current default device."""
+    return build_model(cfg.model, input_shape, num_classes, seed=cfg.seed, norm=cfg.model_norm, hidden=cfg.model_hidden)
 
 
 def local_spec(cfg: RunConfig) -> LocalSpec:

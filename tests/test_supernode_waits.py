@@ -65,3 +65,11 @@ def test_install_refuses_a_loop_it_does_not_know(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delattr(module, "_push_messages")
     with pytest.raises(RuntimeError, match="has not the loop this patch expects"):
         supernode_waits.install()
+
+
+def test_a_deployment_refuses_an_unknown_choice_of_waits() -> None:
+    from experiments.deployment.deploy_commands import Deployment
+
+    assert Deployment(1, supernode_waits="flower").supernode_waits == "flower"
+    with pytest.raises(ValueError, match="^--supernode-waits must be one of backoff, flower; got 'sometimes'$"):
+        Deployment(1, supernode_waits="sometimes")

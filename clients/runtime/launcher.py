@@ -161,7 +161,7 @@ class Launcher:
                     wait = backoff.first
                     continue
                 time.sleep(wait)
-                wait = min(backoff.cap, wait * backoff.factor)
+                wait = backoff.after(wait)
         finally:
             client.close()
             self.stop()

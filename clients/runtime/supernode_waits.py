@@ -47,13 +47,17 @@ class Backoff:
     factor: float = 1.5
     cap: float = IDLE_S
 
+    def after(self, wait: float) -> float:
+        """The wait that follows ``wait``."""
+        return min(self.cap, wait * self.factor)
+
     def waits(self, total_s: float) -> list[float]:
         """The waits of the asks made within ``total_s`` seconds of a reply (each ask itself taken as instant)."""
         out: list[float] = []
         wait = self.first
         while sum(out) + wait <= total_s:
             out.append(wait)
-            wait = min(self.cap, wait * self.factor)
+            wait = self.after(wait)
         return out
 
 
@@ -68,7 +72,7 @@ class BackoffClock:
     def sleep(self, seconds: float) -> None:
         """Flower's 3 s idle wait backs off; its 0.5 s local looks take 10 ms; other waits are kept."""
         if seconds == IDLE_S:
-            wait, self._next = self._next, min(self.backoff.cap, self._next * self.backoff.factor)
+            wait, self._next = self._next, self.backoff.after(self._next)
         elif seconds == LOCAL_S:
             wait = LOCAL_POLL_S
         else:

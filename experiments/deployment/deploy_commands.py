@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clients.runtime.supernode_waits import check_choice
 from experiments.deployment.pki import ServerCertificates
 
 CONNECTION = "fedsketch-deploy"
@@ -34,6 +35,7 @@ class Deployment:
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
             raise ValueError(f"unknown isolation {self.isolation!r}; choose one of {', '.join(ISOLATIONS)}")
+        check_choice(self.supernode_waits)
         if self.num_supernodes < 1:
             raise ValueError(f"a deployment needs at least one SuperNode; got {self.num_supernodes}")
         if self.auth and not self.tls:

@@ -70,9 +70,8 @@ def check_runs(runs: Iterable[RunConfig]) -> list[Checked]:
     """
     runs = list(runs)
     sizes: dict[tuple[object, ...], int] = {}
-    for cfg in (
-        c for c in runs if task.fixed_input(c) is not None
-    ):  # what the model's size alone refuses, before any data is loaded
+    fixed = [cfg for cfg in runs if task.fixed_input(cfg) is not None]
+    for cfg in fixed:  # what the model's size alone refuses, before any data is loaded
         shape_key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
         sizes[shape_key] = sizes[shape_key] if shape_key in sizes else model_size(cfg)
         check_against_model(cfg, sizes[shape_key])
