@@ -9,6 +9,9 @@ one row per module and a total (docs/mutation.md):
     python -m experiments.tools.mutation_report                    # the table
     python -m experiments.tools.mutation_report --out report.md --survivors
     python -m experiments.tools.mutation_report --min-module 90 --min-total 95  # exit 1 below
+    python -m experiments.tools.mutation_report --mutants A/mutants --mutants B/mutants   # several runs
+
+``python -m experiments.tools.mutation_run`` runs mutmut group by group and ends with this report.
 
 The score is killed / (killed + survived), as the mutation-testing literature defines it:
 equivalent mutants are excluded, mutants no selected test reaches count as survived, and
@@ -124,6 +127,18 @@ def tally(mutants_dir: Path, listed: Listed) -> tuple[dict[str, Tally], list[str
     return modules, stale
 
 
+def tally_all(dirs: Iterable[Path], listed: Listed) -> tuple[dict[str, Tally], list[str]]:
+    """:func:`tally` over several runs' folders (one per group of modules), merged by module."""
+    modules: dict[str, Tally] = {}
+    stale: list[str] = []
+    for folder in dirs:
+        found, old = tally(folder, listed)
+        for name, module in found.items():
+            modules.setdefault(name, Tally()).add(module)
+        stale += old
+    return modules, stale
+
+
 def _percent(score: float | None) -> str:
     return "n/a" if score is None else f"{100 * score:.1f}%"
 
@@ -173,7 +188,7 @@ def report(modules: Mapping[str, Tally], stale: Iterable[str], survivors: bool) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's folder (default: mutants)")
+    parser.add_argument("--mutants", type=Path, action="append", help="mutmut's folder (repeat for several runs)")
     parser.add_argument("--equivalents", type=Path, default=EQUIVALENTS)
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--survivors", action="store_true", help="list every survivor by name")
@@ -181,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-total", type=float, default=0.0, help="exit 1 if all modules score under this %%")
     args = parser.parse_args(argv)
     try:
-        modules, stale = tally(args.mutants, load_listed(args.equivalents))
+        modules, stale = tally_all(args.mutants or [Path("mutants")], load_listed(args.equivalents))
     except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as err:
         print(f"mutation_report: {err}", file=sys.stderr)
         return 2
