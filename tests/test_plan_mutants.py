@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -99,14 +100,21 @@ def test_the_round_warns_which_clients_lost_their_node(caplog: pytest.LogCapture
     assert cids[2] in sent[102]
 
 
-def test_waiting_polls_every_half_second_until_exactly_enough_nodes_connect(caplog: pytest.LogCaptureFixture) -> None:
+def test_waiting_polls_every_half_second_until_exactly_enough_nodes_connect(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     grid = Connecting({}, num_nodes=4)
-    start = time.monotonic()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(plan, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
     with caplog.at_level(logging.INFO, logger="flwr"):
         nodes = plan.wait_for_nodes(cast(Grid, grid), needed=2, timeout=60.0)
-    waited = time.monotonic() - start
     assert nodes == [101, 102] and grid.looks == 2  # returns at the first look that sees enough
-    assert 0.45 <= waited < 1.2  # one poll of 0.5 s
+    assert slept == [0.5]  # one poll of 0.5 s
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
         "waiting for nodes: 1 of 2 connected"
     ]
