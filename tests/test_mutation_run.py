@@ -79,3 +79,10 @@ def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, cap
     code = mr.main(["schedule", "--work", str(tmp_path), "--out", str(out), "--min-module", "100"])
     assert code == 0, (tmp_path / "schedule.log").read_text()[-2000:]
     assert "| `fedsketch/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% |" in out.read_text()
+
+
+def test_pyprojects_table_is_the_union_of_the_groups() -> None:
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    groups = mr.load_groups().values()
+    assert sorted(table["only_mutate"]) == sorted(m for g in groups for m in g.modules)
+    assert set(table["pytest_add_cli_args_test_selection"]) == {t for g in groups for t in g.tests}
