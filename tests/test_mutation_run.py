@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 import tomllib
 from pathlib import Path
 
@@ -73,7 +71,7 @@ def test_unknown_groups_are_one_line(capsys) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None, reason="needs mutmut")
+@pytest.mark.skipif(not mr.mutmut_installed(), reason="needs mutmut (pip install -e '.[mutation]')")
 def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, capsys) -> None:
     out = tmp_path / "report.md"
     code = mr.main(["schedule", "--work", str(tmp_path), "--out", str(out), "--min-module", "100"])

@@ -54,6 +54,8 @@ _BY_EXIT_CODE: dict[int | None, str] = {
     255: TIMEOUT,
 }
 COLUMNS = (KILLED, TIMEOUT, SURVIVED, NO_TESTS, EQUIVALENT, NEEDS_CUDA, NOT_CHECKED, OTHER)
+CAUGHT = (KILLED, TIMEOUT)  # a timeout is a mutant that made a test hang
+MISSED = (SURVIVED, NO_TESTS, NEEDS_CUDA)  # no test run here failed
 
 
 @dataclass
@@ -70,14 +72,22 @@ class Tally:
     @property
     def score(self) -> float | None:
         """killed / (killed + survived); timeouts are kills, unreached and CUDA-only survive."""
-        caught = self.counts[KILLED] + self.counts[TIMEOUT]
-        missed = self.counts[SURVIVED] + self.counts[NO_TESTS] + self.counts[NEEDS_CUDA]
+        caught = sum(self.counts[c] for c in CAUGHT)
+        missed = sum(self.counts[c] for c in MISSED)
         return caught / (caught + missed) if caught + missed else None
 
     def add(self, other: Tally) -> None:
         for key, value in other.counts.items():
             self.counts[key] += value
         self.survivors += other.survivors
+
+
+def total(modules: Mapping[str, Tally]) -> Tally:
+    """Every module's tally added up."""
+    out = Tally()
+    for module in modules.values():
+        out.add(module)
+    return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,7 @@ def tally(mutants_dir: Path, listed: Listed) -> tuple[dict[str, Tally], list[str
         for name, code in codes.items():
             status = outcome(code, name, listed)
             module.counts[status] += 1
-            if status in (SURVIVED, NO_TESTS, NEEDS_CUDA):
+            if status in MISSED:
                 module.survivors.append(name)
             if status == KILLED and name in listed.equivalent:
                 stale.append(name)
@@ -146,11 +156,8 @@ def _percent(score: float | None) -> str:
 def table(modules: Mapping[str, Tally]) -> list[str]:
     header = ["module", "mutants", *COLUMNS, "score"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    total = Tally()
-    for name, module in sorted(modules.items()):
-        total.add(module)
-        lines.append(_row(f"`{name}`", module))
-    lines.append(_row("**all**", total))
+    lines += [_row(f"`{name}`", module) for name, module in sorted(modules.items())]
+    lines.append(_row("**all**", total(modules)))
     return lines
 
 
@@ -166,11 +173,9 @@ def below(modules: Mapping[str, Tally], min_module: float, min_total: float) -> 
         for name, m in sorted(modules.items())
         if m.score is not None and 100 * m.score < min_module
     ]
-    total = Tally()
-    for module in modules.values():
-        total.add(module)
-    if total.score is not None and 100 * total.score < min_total:
-        missed.append(f"all modules: {_percent(total.score)} < {min_total}%")
+    score = total(modules).score
+    if score is not None and 100 * score < min_total:
+        missed.append(f"all modules: {_percent(score)} < {min_total}%")
     return missed
 
 

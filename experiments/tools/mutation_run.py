@@ -16,6 +16,7 @@ files git tracks, and untracked ones it does not ignore), whose ``[tool.mutmut]`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -116,6 +117,11 @@ def prepare(group: Group, root: Path, work: Path) -> Path:
     return copy
 
 
+def mutmut_installed() -> bool:
+    """Whether ``python -m mutmut`` can run here (the ``mutation`` extra)."""
+    return importlib.util.find_spec("mutmut") is not None
+
+
 def run_group(copy: Path, log: Path) -> tuple[int, float]:
     """``mutmut run --max-children 1`` in ``copy`` (niced, no PYTHONPATH); its exit code and wall seconds."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in chosen:
             print(f"{g.name}: {', '.join(g.modules)}  <-  {len(g.tests)} test files")
         return 0
-    if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None and not args.report_only:
+    if not args.report_only and not mutmut_installed():
         print("mutation_run: mutmut is not installed here (pip install mutmut==3.8.1)", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
