@@ -17,7 +17,9 @@ The two sides run alternately, ``--runs`` times each, in fresh processes:
   (validation, the Flower simulation, the plots and the report), once per
   ``--supernodes`` value;
 - ``fedsketch FetchSGD``: the same command and clients with FetchSGD
-  (``--fetchsgd``), against pfl's FedAvg: what the sketch costs.
+  (``--fetchsgd``), against pfl's FedAvg: what the sketch costs;
+- ``bare torch loop`` (``--floor``): the job with no framework at all
+  (``experiments/bench/peer_floor.py``), what any simulator must at least spend.
 
 For each it prints the median over runs of the seconds a round (median of rounds
 2..30), the whole command, the time to the end of round 1 and the peak PSS of the
@@ -60,6 +62,7 @@ from fedsketch.config import RunConfig
 
 APP_DIR = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_pfl.py"
+FLOOR_SCRIPT = Path(__file__).resolve().parent / "peer_floor.py"
 JOB = {
     "num-clients": 1000,
     "clients-per-round": 100,
@@ -149,24 +152,12 @@ def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, floa
     return start, time.time() - start, tree
 
 
-def run_pfl(python: str, job: Path, folder: Path) -> Run:
-    """One pfl run: per-round times from its own clock."""
-    cmd = [
-        python,
-        str(PEER_SCRIPT),
-        str(job),
-        "--rounds",
-        str(JOB["num-rounds"]),
-        "--per-round",
-        str(JOB["clients-per-round"]),
-        "--local-steps",
-        str(JOB["local-steps"]),
-        "--batch-size",
-        str(JOB["local-batch-size"]),
-        "--client-lr",
-        str(JOB["client-lr"]),
-    ]
-    log = folder / "pfl.log"
+def run_pfl(python: str, job: Path, folder: Path, script: Path = PEER_SCRIPT) -> Run:
+    """One run of pfl's side (or of the bare loop, ``FLOOR_SCRIPT``): per-round times from its own clock."""
+    flags = {"--rounds": "num-rounds", "--per-round": "clients-per-round", "--local-steps": "local-steps"}
+    flags |= {"--batch-size": "local-batch-size", "--client-lr": "client-lr"}
+    cmd = [python, str(script), str(job), *itertools.chain.from_iterable((f, str(JOB[k])) for f, k in flags.items())]
+    log = folder / f"{script.stem}.log"
     start, wall, tree = measure(cmd, log)
     out = json.loads(log.read_text().strip().splitlines()[-1])
     return _row(start, wall, tree, out["round_ends"], out["accuracy"][-1])
@@ -282,6 +273,7 @@ def main() -> None:
     )
     parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
     parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
+    parser.add_argument("--floor", action="store_true", help="add the job as a bare torch loop (peer_floor.py)")
     parser.add_argument(
         "--checkout",
         type=Path,
@@ -295,6 +287,8 @@ def main() -> None:
         folder = Path(tmp)
         job = build_job(folder)
         sides: dict[str, Callable[[Path], Run]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
+        if args.floor:
+            sides["bare torch loop"] = partial(run_pfl, sys.executable, job, script=FLOOR_SCRIPT)
         fedavg = write_experiment(folder, job, "fedavg")
         for backend, n in itertools.product(args.backends, args.supernodes):
             name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"

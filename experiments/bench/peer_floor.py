@@ -1,0 +1,139 @@
+"""The floor beside ``experiments/bench/bench_peer.py``: the same FedAvg job as a bare PyTorch loop, no framework.
+
+What any simulator of this job must at least do on the machine: each round, every sampled
+client's ``local_steps`` SGD steps on its own batches, the weighted mean of the updates, the
+server's step and the evaluation on the held-out set. No messages, no processes beyond one, no
+records, no checks. The clients are split over ``--workers`` threads, each with its own scratch
+model and one torch thread (the cores' best split for these small matrix products); the
+evaluation runs on every core. The clients and batches are those of fedsketch and of
+``peer_pfl.py`` (same seeds), so the final accuracy is theirs to rounding.
+
+It prints one JSON object as ``peer_pfl.py`` does: the Unix time each round ended and each
+round's test accuracy and loss. ``bench_peer --floor`` runs it beside the others::
+
+    python experiments/bench/peer_floor.py JOB.npz --rounds 30 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+EVAL_BATCH = 1024
+
+
+def mlp(features: int, hidden: int, classes: int) -> nn.Module:
+    """fedsketch's ``mlp``: two ReLU layers of ``hidden`` units."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, classes),
+    )
+
+
+def cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> list[int]:
+    """Round ``rnd``'s clients, sorted: fedsketch's sampling."""
+    return sorted(int(c) for c in np.random.default_rng([seed, rnd]).choice(num_clients, per_round, replace=False))
+
+
+def train(
+    model: nn.Module,
+    start: list[torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    args: argparse.Namespace,
+    gen_seed: int,
+) -> list[torch.Tensor]:
+    """One client's local SGD from ``start``; returns its end parameters."""
+    with torch.no_grad():
+        for p, s in zip(model.parameters(), start, strict=True):
+            p.copy_(s)
+    gen = torch.Generator()
+    gen.manual_seed(gen_seed)
+    for _ in range(args.local_steps):
+        if len(x) > args.batch_size:
+            idx = torch.randperm(len(x), generator=gen)[: args.batch_size]
+            xb, yb = x[idx], y[idx]
+        else:
+            xb, yb = x, y
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xb), yb).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(p.grad, alpha=args.client_lr)  # type: ignore[arg-type]  # every parameter has a gradient here
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job", help=".npz from bench_peer: x_train, y_train, x_test, y_test, client_ids, param_*")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--per-round", type=int, default=100)
+    parser.add_argument("--local-steps", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--client-lr", type=float, default=0.1)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2, help="threads the clients are split over")
+    args = parser.parse_args()
+    with np.load(args.job) as f:
+        arrays = {key: f[key] for key in f.files}
+    x, y = torch.from_numpy(arrays["x_train"]), torch.from_numpy(arrays["y_train"])
+    x_test, y_test = torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"])
+    owner = arrays["client_ids"]
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(int(owner.max()) + 2))
+    users = [torch.from_numpy(order[bounds[c] : bounds[c + 1]]) for c in range(len(bounds) - 1)]
+    classes = int(max(y.max(), y_test.max())) + 1
+    model = mlp(x.shape[1], args.hidden, classes)
+    with torch.no_grad():
+        for p, key in zip(model.parameters(), sorted(k for k in arrays if k.startswith("param_")), strict=True):
+            p.copy_(torch.from_numpy(arrays[key]))
+    scratch = [mlp(x.shape[1], args.hidden, classes) for _ in range(args.workers)]
+
+    def run_part(part: int, rnd: int, cids: list[int], start: list[torch.Tensor]) -> list[torch.Tensor]:
+        torch.set_num_threads(1)  # per thread
+        total = [torch.zeros_like(s) for s in start]
+        for cid in cids[part :: args.workers]:
+            idx = users[cid]
+            seed_value = (args.seed * 1_000_003 + rnd) * 1_000_033 + cid
+            end = train(scratch[part], start, x[idx], y[idx], args, seed_value)
+            for t, e in zip(total, end, strict=True):
+                t.add_(e, alpha=float(len(idx)))
+        return total
+
+    ends, accuracy, loss = [], [], []
+    with ThreadPoolExecutor(args.workers) as pool:
+        for rnd in range(1, args.rounds + 1):
+            cids = cohort(args.seed, rnd, len(users), args.per_round)
+            start = [p.detach().clone() for p in model.parameters()]
+            parts = list(pool.map(run_part, range(args.workers), *zip(*[(rnd, cids, start)] * args.workers)))
+            examples = float(sum(len(users[c]) for c in cids))
+            with torch.no_grad():
+                for i, p in enumerate(model.parameters()):
+                    p.copy_(torch.stack([part[i] for part in parts]).sum(0) / examples)  # server SGD, lr 1: the mean
+                model.eval()
+                correct, summed = 0, 0.0
+                for b in range(0, len(y_test), EVAL_BATCH):
+                    logits = model(x_test[b : b + EVAL_BATCH])
+                    summed += float(F.cross_entropy(logits, y_test[b : b + EVAL_BATCH], reduction="sum"))
+                    correct += int((logits.argmax(1) == y_test[b : b + EVAL_BATCH]).sum())
+                model.train()
+            ends.append(time.time())
+            accuracy.append(correct / len(y_test))
+            loss.append(summed / len(y_test))
+    print(json.dumps({"round_ends": ends, "accuracy": accuracy, "loss": loss}))
+
+
+if __name__ == "__main__":
+    main()
