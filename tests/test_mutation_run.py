@@ -70,6 +70,12 @@ def test_unknown_groups_are_one_line(capsys) -> None:
     assert "unknown group(s) ['nope']; groups: schedule" in capsys.readouterr().err
 
 
+def test_fewer_than_one_child_is_refused_before_anything_runs(tmp_path: Path, capsys) -> None:
+    assert mr.main(["schedule", "--max-children", "0", "--work", str(tmp_path / "w")]) == 2
+    assert capsys.readouterr().err == "mutation_run: --max-children must be at least 1; got 0\n"
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not mr.mutmut_installed(), reason="needs mutmut (pip install -e '.[mutation]')")
 def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, capsys) -> None:

@@ -10,6 +10,7 @@ files git tracks, and untracked ones it does not ignore), whose ``[tool.mutmut]`
     python -m experiments.tools.mutation_run --list
     python -m experiments.tools.mutation_run                        # every group, one after another
     python -m experiments.tools.mutation_run sketch billing --work /tmp/mutation
+    python -m experiments.tools.mutation_run --max-children 2         # every core of a 2-core machine
     python -m experiments.tools.mutation_run --report-only --min-module 90 --min-total 95
 """
 
@@ -122,12 +123,12 @@ def mutmut_installed() -> bool:
     return importlib.util.find_spec("mutmut") is not None
 
 
-def run_group(copy: Path, log: Path) -> tuple[int, float]:
-    """``mutmut run --max-children 1`` in ``copy`` (niced, no PYTHONPATH); its exit code and wall seconds."""
+def run_group(copy: Path, log: Path, children: int = 1) -> tuple[int, float]:
+    """``mutmut run --max-children CHILDREN`` in ``copy`` (niced, no PYTHONPATH); its exit code and wall seconds."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     start = time.monotonic()
     with log.open("wb") as out:
-        cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", "1"]
+        cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
         code = subprocess.run(cmd, check=False, cwd=copy, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     return code, time.monotonic() - start
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the groups and exit")
     parser.add_argument("--report-only", action="store_true", help="report the copies' last results, run nothing")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (one core each)")
     parser.add_argument("--min-module", type=float, default=0.0)
     parser.add_argument("--min-total", type=float, default=0.0)
     args = parser.parse_args(argv)
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         groups = load_groups()
     except (OSError, ValueError, tomllib.TOMLDecodeError) as err:
         print(f"mutation_run: {err}", file=sys.stderr)
+        return 2
+    if args.max_children < 1:
+        print(f"mutation_run: --max-children must be at least 1; got {args.max_children}", file=sys.stderr)
         return 2
     unknown = [g for g in args.groups if g not in groups]
     if unknown:
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     for g in [] if args.report_only else chosen:
         copy = prepare(g, ROOT, args.work)
-        code, wall = run_group(copy, args.work / f"{g.name}.log")
+        code, wall = run_group(copy, args.work / f"{g.name}.log", args.max_children)
         print(f"{g.name}: mutmut exit {code} after {wall:.0f} s (log: {args.work / f'{g.name}.log'})", flush=True)
     report = [arg for g in chosen for arg in ("--mutants", str(args.work / g.name / "mutants"))]
     extra = ["--out", str(args.out)] if args.out else []
