@@ -144,3 +144,11 @@ def test_payload_nbytes_adds_every_arrays_bytes() -> None:
     payload: c.Payload = {"a": np.zeros(3, np.float32), "b": np.zeros(5, np.uint8), "c": np.zeros((2, 2), np.int64)}
     assert c.payload_nbytes(payload) == 12 + 5 + 32
     assert c.payload_nbytes({}) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_generator_asked_for_cuda_is_on_cuda() -> None:
+    gen = c.generator(12345, "cuda")
+    assert gen.device.type == "cuda"
+    assert torch.rand(3, generator=gen, device="cuda").device.type == "cuda"

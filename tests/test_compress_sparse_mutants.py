@@ -71,6 +71,8 @@ def test_varint_bytes_that_do_not_hold_the_count_are_refused() -> None:
         sparse._varint_decode(np.array([0x81, 0x01], np.uint8), 2)
     with pytest.raises(ValueError, match=r"^varint gaps hold 1 complete numbers; expected 1$"):
         sparse._varint_decode(np.array([0x05, 0x81], np.uint8), 1)  # the last number is cut off
+    with pytest.raises(ValueError, match=r"^varint gaps hold 2 complete numbers; expected 2$"):
+        sparse._varint_decode(np.array([0x05, 0x06, 0x81], np.uint8), 2)  # the same, after two
     with pytest.raises(ValueError, match=r"^a varint gap is longer than 5 bytes$"):
         sparse._varint_decode(np.array([0x80] * 5 + [0x01], np.uint8), 1)
     assert sparse._varint_decode(np.array([0xFF] * 4 + [0x07], np.uint8), 1).tolist() == [2**31 - 1]
@@ -145,8 +147,12 @@ def test_bad_pairs_are_refused_with_the_whole_message() -> None:
         encode_sparse(np.array([2, -1]), one, 10)
     with pytest.raises(ValueError, match=r"^indices must be in \[0, 10\); got \[2, 10\]$"):
         encode_sparse(np.array([10, 2]), one, 10)
+    with pytest.raises(ValueError, match=r"^indices must be in \[0, 10\); got \[2, 10\]$"):
+        encode_sparse(np.array([10, 2, 3]), np.ones(3, np.float32), 10)  # the last of three, not the second
     with pytest.raises(ValueError, match=r"^indices must be distinct$"):
         encode_sparse(np.array([3, 3]), one, 10)
+    graded = torch.tensor([1.5, -2.0], requires_grad=True)  # values that need detaching
+    assert decode_sparse(encode_sparse(torch.tensor([4, 1]), graded, 100), 100)[[1, 4]].tolist() == [-2.0, 1.5]
     edges = encode_sparse(np.array([9, 0]), one, 10)
     assert decode_sparse_pairs(edges, 10)[0].tolist() == [0, 9]
 
@@ -165,6 +171,9 @@ def test_bad_sparse_payloads_are_refused_with_the_whole_message() -> None:
         decode_sparse({**good, "val": np.ones((1, 2), np.float32)}, 1000)
     with pytest.raises(ValueError, match=r"^sparse payload 'idx' is int64\[2\]; expected int32\[2\]"):
         decode_sparse({**good, "idx": np.array([1, 500])}, 1000)
+    three = {**good, "val": np.ones(3, np.float32)}
+    with pytest.raises(ValueError, match=r"^sparse payload positions are not distinct, sorted and within \[0, 1000\)$"):
+        decode_sparse({**three, "idx": np.array([1, 2, 1000], np.int32)}, 1000)  # the last of three
     for idx in ([-1, 500], [1, 1000], [500, 1], [1, 1]):
         with pytest.raises(
             ValueError, match=r"^sparse payload positions are not distinct, sorted and within \[0, 1000\)$"
@@ -228,3 +237,7 @@ def test_bad_support_payloads_are_refused_with_the_whole_message() -> None:
         decode_support(encode_support(np.arange(2), 10), 0)
     with pytest.raises(ValueError, match=r"^sparse payload 'gaps' must be uint8\[n\]; got int64\[2\]$"):
         decode_support({"enc": np.array([VARINT], np.uint8), "gaps": np.array([1, 2])}, 10)
+    with pytest.raises(ValueError, match=r"^sparse payload 'gaps' must be uint8\[n\]; got float64\[2\]$"):
+        decode_support({"enc": np.array([VARINT], np.uint8), "gaps": np.array([1.0, 2.0])}, 10)
+    with pytest.raises(ValueError, match=r"^sparse payload 'gaps' must be uint8\[n\]; got object\[\]$"):
+        decode_support({"enc": np.array([VARINT], np.uint8)}, 10)
