@@ -9,6 +9,8 @@ Farach-Colton, ICALP 2002; Wegman and Carter 1981).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 P = 2**31 - 1
@@ -92,9 +94,14 @@ class Reference:
         odd = np.stack([self._poly(r, 4, hi) % 2 for r in range(self.rows)])
         return buckets, (1.0 - 2.0 * odd) * lo_sign[lo]
 
+    @functools.cached_property
+    def every_hash(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`np_hash` of every coordinate."""
+        return self.np_hash(np.arange(self.d))
+
     def table(self, vec: np.ndarray) -> np.ndarray:
         """``S(vec)`` in float64."""
-        buckets, signs = self.np_hash(np.arange(self.d))
+        buckets, signs = self.every_hash
         out = np.zeros((self.rows, self.cols))
         for r in range(self.rows):
             np.add.at(out[r], buckets[r], signs[r] * vec.astype(np.float64))
@@ -102,7 +109,12 @@ class Reference:
 
     def estimates(self, table: np.ndarray, indices: np.ndarray | None = None) -> np.ndarray:
         """The lower median over rows of the signed buckets, in float64."""
-        indices = np.arange(self.d) if indices is None else indices
-        buckets, signs = self.np_hash(indices)
+        buckets, signs = self.every_hash if indices is None else self.np_hash(indices)
         reads = np.stack([table[r].astype(np.float64)[buckets[r]] for r in range(self.rows)]) * signs
         return np.sort(reads, axis=0)[(self.rows - 1) // 2]
+
+
+@functools.cache
+def reference(seed: int, d: int, rows: int, cols: int) -> Reference:
+    """One Reference per arguments in a test process (deriving the tables of a 2**15 chunk takes a while)."""
+    return Reference(seed, d, rows, cols)

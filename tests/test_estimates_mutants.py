@@ -19,7 +19,7 @@ import torch
 
 from fedsketch import _estimates as E
 from fedsketch._hashing import TabulationHash
-from tests.hash_reference import Reference
+from tests.hash_reference import reference
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 
@@ -43,6 +43,15 @@ def test_median_of_rows_is_the_lower_median_in_a_fresh_tensor(n: int) -> None:
     assert np.abs(arr).max() <= 1.0
 
 
+@pytest.mark.parametrize("n", [600, 601])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_numpy_median_is_the_lower_median_for_hundreds_of_rows(n: int, dtype: type) -> None:
+    """Shuffled 0..n-1 per column: numpy partitions this many rows without sorting them, so kth must be right."""
+    values = np.random.default_rng(n).permuted(np.tile(np.arange(n, dtype=dtype)[:, None], (1, 2000)), axis=0)
+    out = E._median_np(values)
+    assert out.dtype == dtype and np.array_equal(out, np.full(2000, (n - 1) // 2, dtype))
+
+
 @pytest.mark.parametrize("n", [3, 5])
 def test_the_median_networks_are_right_on_every_ordering(n: int) -> None:
     """Every assignment of the values 0..n-1 to the n rows, ties included."""
@@ -60,7 +69,7 @@ ESTIMATE_CASES = [
     (6, 9000, 6, 8192),
     (10, 5000, 1, 4096),
     (7, 20 * 2047 + 11, 3, 2047),  # vectorized blocks
-    (8, 5000 * 64 + 7, 5, 64),  # blocks over more than one HASH_SPAN of chunks
+    (8, 5000 * 8 + 7, 5, 8),  # blocks over more than one HASH_SPAN of chunks
     (9, 1000, 2, 300),  # torch.median, lower median of two
     (11, 3000, 7, 100),
     (12, 500, 1, 50),
@@ -75,19 +84,27 @@ def case(seed: int, d: int, rows: int, cols: int) -> tuple[torch.Tensor, Tabulat
     return (
         table,
         TabulationHash.derive(seed, d, rows, cols, CPU),
-        Reference(seed, d, rows, cols).estimates(table.double().numpy()),
+        reference(seed, d, rows, cols).estimates(table.double().numpy()),
     )
 
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
+def in_dtype(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The table in ``dtype``; a float64 one gets entries float32 would round (plus k 2**-40, k in [1, 3])."""
+    if dtype != torch.float64:
+        return table.to(dtype)
+    k = torch.randint(1, 4, table.shape, generator=torch.Generator().manual_seed(2)).double()
+    return table.double() + k * 2.0**-40
+
+
 @pytest.mark.parametrize("args", ESTIMATE_CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_estimate_blocks_cover_every_coordinate_in_order(args: tuple[int, int, int, int], dtype: torch.dtype) -> None:
     table32, hashes, _ = case(*args)
-    table = table32.to(dtype)
-    expected = Reference(*args).estimates(table.double().numpy()) if dtype != torch.float32 else case(*args)[2]
+    table = in_dtype(table32, dtype)
+    expected = reference(*args).estimates(table.double().numpy()) if dtype != torch.float32 else case(*args)[2]
     starts, blocks = [], []
     for start, block in E.estimate_blocks(table, hashes):
         assert block.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
@@ -101,13 +118,13 @@ def test_estimate_blocks_cover_every_coordinate_in_order(args: tuple[int, int, i
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_estimate_at_reads_the_median_in_the_tables_dtype(args: tuple[int, int, int, int], dtype: torch.dtype) -> None:
     table32, hashes, _ = case(*args)
-    table = table32.to(dtype)
+    table = in_dtype(table32, dtype)
     d = args[1]
     indices = torch.randint(0, d, (25_000,), generator=torch.Generator().manual_seed(1))  # several pieces
     indices[:2] = torch.tensor([0, d - 1])
     out = E.estimate_at(table, hashes, indices)
     assert out.dtype == dtype and out.shape == (25_000,)
-    expected = Reference(*args).estimates(table.double().numpy(), indices.numpy())
+    expected = reference(*args).estimates(table.double().numpy(), indices.numpy())
     assert np.array_equal(out.double().numpy(), expected)
 
 
@@ -140,12 +157,12 @@ def test_survivors_read_the_bar_again_after_each_block(args: tuple[int, int, int
     bar = [0.5]
     it = E.survivors(table, hashes, bar)
     first_idx, _ = next(it)
-    bar[0] = 2.0
+    bar[0] = raised = float(np.quantile(np.abs(expected), 0.75))
     rest = list(it)
     indices = torch.cat([first_idx, *[i for i, _ in rest]]).numpy()
     boundary = hashes.chunk * (1 if hashes.use_windows(CPU) else hashes.block_chunks(CPU))
     coords = np.arange(len(expected))
-    keep = np.flatnonzero(np.abs(expected) > np.where(coords < boundary, 0.5, 2.0))
+    keep = np.flatnonzero(np.abs(expected) > np.where(coords < boundary, 0.5, raised))
     assert np.array_equal(indices, keep)
     assert int((keep < boundary).sum()) > 0 and int((keep >= boundary).sum()) > 0
 
@@ -166,11 +183,34 @@ def reference_threshold(expected: np.ndarray, d: int, k: int) -> float | None:
 def test_sample_threshold_is_the_ranked_magnitude_of_a_fixed_sample(d: int, ks: list[int], dtype: torch.dtype) -> None:
     args = (13, d, 3, 300)
     table32, hashes, _ = case(*args)
-    table = table32.to(dtype)
-    expected = Reference(*args).estimates(table.double().numpy())
+    table = in_dtype(table32, dtype)
+    expected = reference(*args).estimates(table.double().numpy())
     for k in ks:
         got = E.sample_threshold(table, hashes, k)
         want = reference_threshold(expected, d, k)
         assert got == want, k
         assert want is None or type(got) is float
     assert E.sample_threshold(table, hashes, ks[1]) is not None  # each list reaches a value
+
+
+def test_sample_threshold_of_a_float64_table_is_a_float64_entry() -> None:
+    """Entries that float32 would round: the threshold is one of them, to the last bit."""
+    args = (14, 16_384, 3, 300)
+    table = torch.randn(3, 300, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = reference(*args).estimates(table.numpy())
+    hashes = TabulationHash.derive(*args, CPU)
+    got = E.sample_threshold(table, hashes, 100)
+    assert got is not None and got == reference_threshold(expected, 16_384, 100)
+    assert got != float(np.float32(got))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sample_threshold_of_a_cuda_table_is_the_cpu_tables() -> None:
+    """The fixed sample is drawn on the CPU and moved to the table's device."""
+    args = (13, 16_384, 3, 300)
+    table, hashes, _ = case(*args)
+    want = E.sample_threshold(table, hashes, 100)
+    cuda = torch.device("cuda")
+    got = E.sample_threshold(table.to(cuda), TabulationHash.derive(*args, cuda), 100)
+    assert want is not None and got == want

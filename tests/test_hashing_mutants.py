@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fedsketch import _hashing as H
-from tests.hash_reference import Reference, mix, states, stream
+from tests.hash_reference import Reference, mix, reference, states, stream
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 SEEDS = [0, 1, 12345, 2**63 - 1, 2**63, 2**64 - 1]
@@ -58,7 +58,7 @@ def test_polynomial_hash_is_horner_mod_p_without_overflow() -> None:
     [(0, 1000, 5, 300), (2**64 - 1, 70_000, 3, 40_000), (7, 5, 1, 1), (2**63, 100, 2, 2)],
 )
 def test_derived_tables_equal_the_reference(seed: int, d: int, rows: int, cols: int) -> None:
-    ref = Reference(seed, d, rows, cols)
+    ref = reference(seed, d, rows, cols)
     h = H.TabulationHash.derive(seed, d, rows, cols, CPU)
     assert (h.d, h.rows, h.cols, h.chunk, h.n_chunks) == (d, rows, cols, ref.chunk, -(-d // ref.chunk))
     assert h.pos.dtype == h.inv.dtype == h.coeffs.dtype == torch.int64
@@ -115,12 +115,12 @@ def test_locate_matches_the_reference_up_to_the_largest_index(seed: int) -> None
     d = (H.PRIME - 1) * cols
     gen = np.random.default_rng(seed % 1000)
     indices = [0, 1, 63, 64, d - 1, d - 64, d - 65, *map(int, gen.integers(0, d, 60))]
-    check_locate(Reference(seed, d, 3, cols), indices)
+    check_locate(reference(seed, d, 3, cols), indices)
 
 
 @pytest.mark.parametrize(("d", "rows", "cols"), [(100_000, 5, 40_000), (3000, 4, 7), (50, 1, 50)])
 def test_locate_matches_the_reference_on_every_index(d: int, rows: int, cols: int) -> None:
-    ref = Reference(2, d, rows, cols)
+    ref = reference(2, d, rows, cols)
     h = H.TabulationHash.derive(2, d, rows, cols, CPU)
     buckets, signs = h.locate(torch.arange(d))
     rb, rs = ref.np_hash(np.arange(d))
@@ -131,8 +131,8 @@ def test_locate_matches_the_reference_on_every_index(d: int, rows: int, cols: in
 
 
 def test_chunk_hash_and_chunk_hashes_give_each_chunks_offsets_and_signs() -> None:
-    d, rows, cols = 64 * 5000 + 7, 3, 64  # 5001 chunks: more than one HASH_SPAN
-    ref = Reference(4, d, rows, cols)
+    d, rows, cols = 8 * 5000 + 7, 3, 8  # 5001 chunks: more than one HASH_SPAN
+    ref = reference(4, d, rows, cols)
     h = H.TabulationHash.derive(4, d, rows, cols, CPU)
     offsets, signs = h.chunk_hash(torch.tensor([0, 1, 4096, 5000]))
     assert offsets.dtype == torch.int64 and signs.dtype == torch.float32
@@ -148,10 +148,10 @@ def test_chunk_hash_and_chunk_hashes_give_each_chunks_offsets_and_signs() -> Non
     assert ho.tolist() == [[ref.chunk_sign(r, c) for c in range(4090, 4100)] for r in range(rows)]
 
 
-@pytest.mark.parametrize(("rows", "cols", "n_chunks"), [(3, 64, 5001), (5, 300, 40), (1, 2047, 3), (600, 64, 3)])
+@pytest.mark.parametrize(("rows", "cols", "n_chunks"), [(3, 8, 5001), (5, 300, 40), (1, 2047, 3), (600, 64, 3)])
 def test_blocks_cover_every_chunk_in_steps_of_block_chunks(rows: int, cols: int, n_chunks: int) -> None:
     h = H.TabulationHash.derive(5, cols * n_chunks, rows, cols, CPU)
-    ref = Reference(5, cols * n_chunks, rows, cols) if rows < 10 else None
+    ref = reference(5, cols * n_chunks, rows, cols) if rows < 10 else None
     step = h.block_chunks(CPU)
     assert step == max(1, (32768 // rows) // cols)
     seen = list(h.blocks(CPU))
@@ -199,7 +199,7 @@ def reference_table(seed: int, d: int, rows: int, cols: int) -> tuple[torch.Tens
     """Integer entries in [-3, 3], about 8 nonzero per bucket, and their sketch in float64."""
     gen = torch.Generator().manual_seed(seed)
     vec = torch.randint(-3, 4, (d,), generator=gen) * (torch.rand(d, generator=gen) < 8 * cols / d)
-    return vec, Reference(seed, d, rows, cols).table(vec.double().numpy())
+    return vec, reference(seed, d, rows, cols).table(vec.double().numpy())
 
 
 ACCUMULATE_CASES = [
@@ -208,7 +208,7 @@ ACCUMULATE_CASES = [
     (5, 7 * 2048 + 1, 4, 2048),  # the smallest window chunk, one window per row
     (6, 9000, 2, 8192),  # C = 8192 = cols / 1: wide; a float64 table
     (7, 20 * 2047 + 11, 3, 2047),  # vectorized blocks (chunk below WINDOW_MIN_CHUNK)
-    (8, 5000 * 64 + 7, 5, 64),  # blocks over more than one HASH_SPAN of chunks
+    (8, 5000 * 8 + 7, 5, 8),  # blocks over more than one HASH_SPAN of chunks
     (9, 1000, 1, 300),
 ]
 
@@ -231,6 +231,61 @@ def test_accumulate_dense_equals_the_reference_table(
 def test_the_direct_window_case_wraps() -> None:
     """The first case above really wraps windows past the end of a row."""
     seed, d, rows, cols = ACCUMULATE_CASES[0]
-    ref = Reference(seed, d, rows, cols)
+    ref = reference(seed, d, rows, cols)
     starts = [ref.offset(r, c) for r in range(rows) for c in range(-(-d // ref.chunk))]
     assert any(s > cols - ref.chunk for s in starts)
+
+
+@pytest.mark.parametrize(("seed", "d", "rows", "cols"), ACCUMULATE_CASES)
+def test_a_float64_table_is_accumulated_in_float64(seed: int, d: int, rows: int, cols: int) -> None:
+    """Entries a + b 2**-40 (a, b in [-3, 3]): their sums are exact in float64 and would round in float32."""
+    vec, _ = reference_table(seed, d, rows, cols)
+    fine = vec.double() + torch.randint(-3, 4, (d,), generator=torch.Generator().manual_seed(1)).double() * 2.0**-40
+    expected = reference(seed, d, rows, cols).table(fine.numpy())
+    table = torch.zeros(rows, cols, dtype=torch.float64)
+    H.accumulate_dense(table, fine, H.TabulationHash.derive(seed, d, rows, cols, CPU))
+    assert np.array_equal(table.numpy(), expected)
+
+
+def emulate_windows(ref: Reference, weights: list[float], mode: str) -> np.ndarray:
+    """One row starting at -1, chunk c adding +weights[c] to each bucket of its window, in float32.
+
+    ``direct``: each window added straight into the table, wrapping at the row's end (what a float32 table
+    with ``cols >= 4 C`` gets). ``wide``: windows summed into a ``cols + C`` buffer that is folded onto the
+    table at the end (``4 C > cols``). ``buffer``, windows summed in a buffer wrapped at ``cols`` and added once,
+    is another order, only to show that a case tells the three apart.
+    """
+    C, cols = ref.chunk, ref.cols
+    buffer = np.full(cols, -1.0, np.float32) if mode == "direct" else np.zeros(cols + C, np.float32)
+    for c, w in enumerate(weights):
+        idx = ref.offset(0, c) + np.arange(C)
+        buffer[idx if mode == "wide" else idx % cols] += np.float32(w)
+    if mode == "direct":
+        return buffer
+    table = np.float32(-1.0) + buffer[:cols]
+    table[:C] += buffer[cols:]
+    return table
+
+
+@pytest.mark.parametrize(
+    ("seed", "cols", "mode"),
+    [(21, 4 * 2**15, "direct"), (20, 140_000, "direct"), (20, 40_000, "wide"), (23, 5000, "wide")],
+)
+def test_a_float32_table_gets_windows_directly_or_through_a_float32_buffer(seed: int, cols: int, mode: str) -> None:
+    """Start -1; chunk 0 adds 1 and chunk 1 adds 2**-30 to each bucket they cover (vector = each coordinate's sign).
+
+    Where both cover a bucket, direct adds give 2**-30 and a float32 buffer gives 0 (1 + 2**-30 rounds to 1);
+    a float64 buffer would give 2**-30 again. A wide buffer is folded at the end: where chunk 0's window
+    covers a bucket that chunk 1's reaches by wrapping, that gives 2**-30 too.
+    """
+    ref = reference(seed, 2 * min(2**15, cols), 1, cols)
+    d, C = ref.d, ref.chunk
+    _, signs = ref.every_hash
+    weights = [1.0, 2.0**-30]
+    vec = torch.from_numpy((signs[0] * np.repeat(weights, C)).astype(np.float32))
+    table = torch.full((1, cols), -1.0)
+    H.accumulate_dense(table, vec, H.TabulationHash.derive(seed, d, 1, cols, CPU))
+    expected = emulate_windows(ref, weights, mode)
+    for other in {"direct", "buffer", "wide"} - {mode}:  # the case tells the orders apart
+        assert not np.array_equal(expected, emulate_windows(ref, weights, other)), other
+    assert np.array_equal(table[0].numpy(), expected)
