@@ -43,6 +43,15 @@ def test_median_of_rows_is_the_lower_median_in_a_fresh_tensor(n: int) -> None:
     assert np.abs(arr).max() <= 1.0
 
 
+@pytest.mark.parametrize("n", range(1, 8))
+@pytest.mark.parametrize("m", [1, 3, 5])
+def test_the_median_is_over_rows_whatever_the_number_of_columns(n: int, m: int) -> None:
+    """1, 3 or 5 coordinates (estimate of a few indices): the rows, not the columns, choose the method."""
+    values = torch.randint(-4, 5, (n, m), generator=torch.Generator().manual_seed(10 * n + m)).float()
+    assert np.array_equal(E.median_of_rows(values).numpy(), lower_median(values.numpy()))
+    assert np.array_equal(E._median_np(values.numpy()), lower_median(values.numpy()))
+
+
 @pytest.mark.parametrize("n", [600, 601])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_numpy_median_is_the_lower_median_for_hundreds_of_rows(n: int, dtype: type) -> None:

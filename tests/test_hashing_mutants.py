@@ -74,12 +74,12 @@ def test_derive_moves_every_table_to_the_device_asked_for() -> None:
     h = H.TabulationHash.derive(3, 500, 4, 64, META)
     for t in (h.coeffs, h.pos, h.inv, h.lo_sign, h.inv_sign):
         assert t.device == META
-    assert H.TabulationHash.build(3, 500, 4, 64, "meta").pos.device == META
+    assert H.TabulationHash.build(3, 500, 4, 64, META).pos.device == META
 
 
 def test_build_derives_once_per_arguments_and_device() -> None:
     a = H.TabulationHash.build(11, 900, 3, 100, CPU)
-    assert H.TabulationHash.build(11, 900, 3, 100, "cpu") is a
+    assert H.TabulationHash.build(11, 900, 3, 100, torch.device("cpu")) is a
     assert H.TabulationHash.build(12, 900, 3, 100, CPU) is not a
     assert H.TabulationHash.build(11, 900, 3, 100, META) is not a
 
