@@ -148,6 +148,17 @@ def test_the_state_starts_at_zero_in_float32_with_a_float64_tally_on_the_device_
     assert fidelity.TALLY == ("rounds", "recall", "rel_error", "state_drift", "topk_mass")
 
 
+def test_the_shadow_is_float32_whatever_the_default_dtype() -> None:
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        state = fidelity.init(_params("subtract"))
+    finally:
+        torch.set_default_dtype(saved)
+    assert state.shadow.momentum.dtype == state.shadow.error.dtype == torch.float32
+    assert state.tally.dtype == F64
+
+
 def test_a_true_mean_of_another_length_is_refused_with_both_shapes() -> None:
     params = _params("subtract")
     with pytest.raises(ValueError) as err:
