@@ -21,29 +21,14 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from experiments.bench import peer_job
+from fedsketch.models import build_model
+
 EVAL_BATCH = 1024
-
-
-def mlp(features: int, hidden: int, classes: int) -> nn.Module:
-    """fedsketch's ``mlp``: two ReLU layers of ``hidden`` units."""
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(features, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, classes),
-    )
-
-
-def cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> list[int]:
-    """Round ``rnd``'s clients, sorted: fedsketch's sampling."""
-    return sorted(int(c) for c in np.random.default_rng([seed, rnd]).choice(num_clients, per_round, replace=False))
 
 
 def train(
@@ -75,39 +60,24 @@ def train(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("job", help=".npz from bench_peer: x_train, y_train, x_test, y_test, client_ids, param_*")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--per-round", type=int, default=100)
-    parser.add_argument("--local-steps", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--client-lr", type=float, default=0.1)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = peer_job.parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="threads the clients are split over")
     args = parser.parse_args()
-    with np.load(args.job) as f:
-        arrays = {key: f[key] for key in f.files}
-    x, y = torch.from_numpy(arrays["x_train"]), torch.from_numpy(arrays["y_train"])
-    x_test, y_test = torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"])
-    owner = arrays["client_ids"]
-    order = np.argsort(owner, kind="stable")
-    bounds = np.searchsorted(owner[order], np.arange(int(owner.max()) + 2))
-    users = [torch.from_numpy(order[bounds[c] : bounds[c + 1]]) for c in range(len(bounds) - 1)]
-    classes = int(max(y.max(), y_test.max())) + 1
-    model = mlp(x.shape[1], args.hidden, classes)
+    job = peer_job.load(args.job)
+    x, y, x_test, y_test, users = job.x, job.y, job.x_test, job.y_test, job.users
+    model, *scratch = [
+        build_model("mlp", (x.shape[1],), job.classes, hidden=args.hidden) for _ in range(args.workers + 1)
+    ]
     with torch.no_grad():
-        for p, key in zip(model.parameters(), sorted(k for k in arrays if k.startswith("param_")), strict=True):
-            p.copy_(torch.from_numpy(arrays[key]))
-    scratch = [mlp(x.shape[1], args.hidden, classes) for _ in range(args.workers)]
+        for p, value in zip(model.parameters(), job.params, strict=True):
+            p.copy_(torch.from_numpy(value))
 
     def run_part(part: int, rnd: int, cids: list[int], start: list[torch.Tensor]) -> list[torch.Tensor]:
         torch.set_num_threads(1)  # per thread
         total = [torch.zeros_like(s) for s in start]
         for cid in cids[part :: args.workers]:
             idx = users[cid]
-            seed_value = (args.seed * 1_000_003 + rnd) * 1_000_033 + cid
-            end = train(scratch[part], start, x[idx], y[idx], args, seed_value)
+            end = train(scratch[part], start, x[idx], y[idx], args, peer_job.client_seed(args.seed, rnd, cid))
             for t, e in zip(total, end, strict=True):
                 t.add_(e, alpha=float(len(idx)))
         return total
@@ -115,7 +85,7 @@ def main() -> None:
     ends, accuracy, loss = [], [], []
     with ThreadPoolExecutor(args.workers) as pool:
         for rnd in range(1, args.rounds + 1):
-            cids = cohort(args.seed, rnd, len(users), args.per_round)
+            cids = peer_job.cohort(args.seed, rnd, len(users), args.per_round)
             start = [p.detach().clone() for p in model.parameters()]
             parts = list(pool.map(run_part, range(args.workers), *zip(*[(rnd, cids, start)] * args.workers)))
             examples = float(sum(len(users[c]) for c in cids))

@@ -14,7 +14,7 @@ two choices are fedsketch's, not pfl's defaults, and are written out here:
 
 - the users of round ``r`` are ``numpy.random.default_rng([seed, r])``'s
   ``choice(num_clients, per_round, replace=False)``, sorted
-  (``strategies/sampling.py``);
+  (``strategies/plan.py``);
 - each local step draws its batch of ``batch_size`` samples without
   replacement from the user's data with ``torch.randperm`` on the user's own
   generator, seeded ``(seed * 1_000_003 + r) * 1_000_033 + cid``
@@ -33,12 +33,10 @@ updated and evaluated), and each round's test accuracy and loss.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from pfl.aggregate.simulate import SimulatedBackend
 from pfl.aggregate.weighting import WeightByDatapoints
@@ -52,6 +50,8 @@ from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
 from torch import nn
 from torch.nn import functional as F
+
+from experiments.bench import peer_job
 
 EVAL_BATCH = 1024  # fedsketch/evaluate.py's batch
 
@@ -127,45 +127,28 @@ class RoundClock(TrainingProcessCallback):
 
 def schedule(seed: int, rounds: int, num_clients: int, per_round: int) -> list[tuple[int, int]]:
     """Every round's users, in order, as ``(round, cid)``: fedsketch's sampling."""
-    out = []
-    for rnd in range(1, rounds + 1):
-        rng = np.random.default_rng([seed, rnd])
-        out += [(rnd, int(c)) for c in sorted(rng.choice(num_clients, size=per_round, replace=False))]
-    return out
+    return [(rnd, cid) for rnd in range(1, rounds + 1) for cid in peer_job.cohort(seed, rnd, num_clients, per_round)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("job", help=".npz from bench_peer: x_train, y_train, x_test, y_test, client_ids, param_*")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--per-round", type=int, default=100)
-    parser.add_argument("--local-steps", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--client-lr", type=float, default=0.1)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    with np.load(args.job) as f:
-        arrays = {key: f[key] for key in f.files}
-    x, y = torch.from_numpy(arrays["x_train"]), torch.from_numpy(arrays["y_train"])
-    owner = arrays["client_ids"]
-    order = np.argsort(owner, kind="stable")
-    bounds = np.searchsorted(owner[order], np.arange(int(owner.max()) + 2))
-    users = [torch.from_numpy(order[bounds[c] : bounds[c + 1]]) for c in range(len(bounds) - 1)]
-    model = MLP(x.shape[1], args.hidden, int(max(y.max(), arrays["y_test"].max())) + 1)
+    args = peer_job.parser(__doc__.splitlines()[0]).parse_args()
+    job = peer_job.load(args.job)
+    x, y, users = job.x, job.y, job.users
+    model = MLP(x.shape[1], args.hidden, job.classes)
     with torch.no_grad():
-        for p, key in zip(model.parameters(), sorted(k for k in arrays if k.startswith("param_")), strict=True):
-            p.copy_(torch.from_numpy(arrays[key]))
+        for p, value in zip(model.parameters(), job.params, strict=True):
+            p.copy_(torch.from_numpy(value))
     plan = iter(schedule(args.seed, args.rounds, len(users), args.per_round))
 
     def make_user(user: tuple[int, int]) -> UserData:
         rnd, cid = user
-        seed_value = (args.seed * 1_000_003 + rnd) * 1_000_033 + cid
         idx = users[cid]
-        return UserData(x[idx], y[idx], cid, seed_value, args.batch_size, args.local_steps)
+        return UserData(
+            x[idx], y[idx], cid, peer_job.client_seed(args.seed, rnd, cid), args.batch_size, args.local_steps
+        )
 
     train = FederatedDataset(make_user, lambda: next(plan))
-    central = Dataset((torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"])))
+    central = Dataset((job.x_test, job.y_test))
     pfl_model = PyTorchModel(model, torch.optim.SGD, torch.optim.SGD(model.parameters(), lr=1.0))
     clock = RoundClock()
     FederatedAveraging().run(
