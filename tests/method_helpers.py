@@ -8,8 +8,17 @@ from dataclasses import replace
 import torch
 
 from fedsketch.config import RunConfig
-from fedsketch.methods import ClientJob, ClientUpdate, Payload, State, get_method
+from fedsketch.methods import ClientJob, ClientUpdate, Payload, State, compressed, get_method
 from fedsketch.methods.method import Ask, Query, Round, server_step
+
+PARTS = {  # each compressed method's record part, by name
+    "local_topk": compressed.LOCAL_TOPK,
+    "random_k": compressed.RANDOM_K,
+    "gaussiank": compressed.GAUSSIANK,
+    "qsgd": compressed.QSGD,
+    "terngrad": compressed.TERNGRAD,
+    "signsgd": compressed.SIGNSGD,
+}
 
 
 def job(

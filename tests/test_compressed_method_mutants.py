@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from method_helpers import PARTS
 
 from fedsketch.algorithms import topk_sgd
 from fedsketch.compress import derive_seed, registry, signsgd
@@ -22,14 +23,6 @@ from fedsketch.methods.method import Client, Docs, Method, Server, Wire, no_requ
 
 D = 8
 CPU = torch.device("cpu")
-PARTS = {
-    "local_topk": compressed.LOCAL_TOPK,
-    "random_k": compressed.RANDOM_K,
-    "gaussiank": compressed.GAUSSIANK,
-    "qsgd": compressed.QSGD,
-    "terngrad": compressed.TERNGRAD,
-    "signsgd": compressed.SIGNSGD,
-}
 # distinct dyadic magnitudes: sums of two are exact in float32, and no two coordinates tie
 UPDATE = torch.tensor([0.5, -2.0, 0.25, 4.0, -1.0, 0.125, -8.0, 1.5])
 ERROR = torch.tensor([0.0625, 16.0, -0.03125, 0.0, 0.375, -32.0, 0.0, 0.0])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from method_helpers import encode
+from method_helpers import PARTS, encode
 
 from fedsketch.compress import payload_nbytes
 from fedsketch.compress.signsgd import majority_vote
@@ -17,14 +17,6 @@ from fedsketch.methods import compressed, get_method
 from fedsketch.validate import client_state_bytes
 
 D = 1000
-PARTS = {
-    "local_topk": compressed.LOCAL_TOPK,
-    "random_k": compressed.RANDOM_K,
-    "gaussiank": compressed.GAUSSIANK,
-    "qsgd": compressed.QSGD,
-    "terngrad": compressed.TERNGRAD,
-    "signsgd": compressed.SIGNSGD,
-}
 KEYS = {"qsgd_levels": "qsgd-levels", "bucket_size": "quantizer-bucket-size", "signsgd_variant": "signsgd-variant"}
 
 
