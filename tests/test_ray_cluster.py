@@ -254,8 +254,8 @@ def _run_watching_sockets(args: list[str], cluster: Cluster) -> tuple[int, set[I
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
-                if any(name in cmd for name in ("gcs_server", "raylet")):
-                    others.add(cmd)
+                if Path(cmd.split(" ", 1)[0]).name in {"gcs_server", "raylet"}:  # the program, not an argument:
+                    others.add(cmd)  # a Ray worker names its raylet (--raylet-name=...) and is not a service
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch)
