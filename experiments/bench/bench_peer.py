@@ -152,8 +152,8 @@ def measure(cmd: list[str], log: Path, cwd: Path = APP_DIR) -> tuple[float, floa
     return start, time.time() - start, tree
 
 
-def run_pfl(python: str, job: Path, folder: Path, script: Path = PEER_SCRIPT) -> Run:
-    """One run of pfl's side (or of the bare loop, ``FLOOR_SCRIPT``): per-round times from its own clock."""
+def run_script(python: str, script: Path, job: Path, folder: Path) -> Run:
+    """One run of a stand-alone side (pfl's, ``PEER_SCRIPT``; the bare loop, ``FLOOR_SCRIPT``): its own clock."""
     flags = {"--rounds": "num-rounds", "--per-round": "clients-per-round", "--local-steps": "local-steps"}
     flags |= {"--batch-size": "local-batch-size", "--client-lr": "client-lr"}
     cmd = [python, str(script), str(job), *itertools.chain.from_iterable((f, str(JOB[k])) for f, k in flags.items())]
@@ -286,9 +286,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as tmp:
         folder = Path(tmp)
         job = build_job(folder)
-        sides: dict[str, Callable[[Path], Run]] = {"pfl": partial(run_pfl, args.pfl_python, job)}
+        sides: dict[str, Callable[[Path], Run]] = {"pfl": partial(run_script, args.pfl_python, PEER_SCRIPT, job)}
         if args.floor:
-            sides["bare torch loop"] = partial(run_pfl, sys.executable, job, script=FLOOR_SCRIPT)
+            sides["bare torch loop"] = partial(run_script, sys.executable, FLOOR_SCRIPT, job)
         fedavg = write_experiment(folder, job, "fedavg")
         for backend, n in itertools.product(args.backends, args.supernodes):
             name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"

@@ -20,6 +20,7 @@ import argparse
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import torch
 from torch import nn
@@ -87,7 +88,7 @@ def main() -> None:
         for rnd in range(1, args.rounds + 1):
             cids = peer_job.cohort(args.seed, rnd, len(users), args.per_round)
             start = [p.detach().clone() for p in model.parameters()]
-            parts = list(pool.map(run_part, range(args.workers), *zip(*[(rnd, cids, start)] * args.workers)))
+            parts = list(pool.map(partial(run_part, rnd=rnd, cids=cids, start=start), range(args.workers)))
             examples = float(sum(len(users[c]) for c in cids))
             with torch.no_grad():
                 for i, p in enumerate(model.parameters()):
@@ -95,9 +96,9 @@ def main() -> None:
                 model.eval()
                 correct, summed = 0, 0.0
                 for b in range(0, len(y_test), EVAL_BATCH):
-                    logits = model(x_test[b : b + EVAL_BATCH])
-                    summed += float(F.cross_entropy(logits, y_test[b : b + EVAL_BATCH], reduction="sum"))
-                    correct += int((logits.argmax(1) == y_test[b : b + EVAL_BATCH]).sum())
+                    logits, target = model(x_test[b : b + EVAL_BATCH]), y_test[b : b + EVAL_BATCH]
+                    summed += float(F.cross_entropy(logits, target, reduction="sum"))
+                    correct += int((logits.argmax(1) == target).sum())
                 model.train()
             ends.append(time.time())
             accuracy.append(correct / len(y_test))

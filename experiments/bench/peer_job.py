@@ -31,7 +31,7 @@ class Job:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    """The options both sides take (``bench_peer.run_pfl`` passes them)."""
+    """The options both sides take (``bench_peer.run_script`` passes them)."""
     out = argparse.ArgumentParser(description=description)
     out.add_argument("job", help=".npz from bench_peer: x_train, y_train, x_test, y_test, client_ids, param_*")
     out.add_argument("--rounds", type=int, default=30)
