@@ -54,6 +54,7 @@ def run(
     seeds: int | None = None,
     out: str | Path = "runs",
     backend: str | None = None,
+    runtime: str = "process",
     supernodes: int = 2,
     plot: bool = False,
     **settings: Any,
@@ -70,8 +71,8 @@ def run(
         or a pair of ``torch.utils.data.Dataset``) as docs/data.md describes.
     strategies, seeds
         Override the experiment's ``[compare]`` table.
-    out, backend, supernodes, plot
-        As ``fedsketch run``'s ``--out``, ``--backend``, ``--supernodes`` and (negated) ``--no-plot``.
+    out, backend, runtime, supernodes, plot
+        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes`` and (negated) ``--no-plot``.
     settings
         Run settings, ``num_rounds=20`` for ``num-rounds = 20``.
 
@@ -89,7 +90,7 @@ def run(
     if data is not None:
         overrides.update(data_settings(data, out))
     experiment = prepare(config, overrides, out, seeds, strategies)
-    code = execute(experiment, federation(supernodes, None, backend), plot)
+    code = execute(experiment, federation(supernodes, None, backend, runtime), plot)
     if code in (130, 143):
         raise KeyboardInterrupt
     unfinished = [runner.describe(cfg) for cfg in experiment.runs if not runner.is_finished(cfg)]
@@ -117,8 +118,8 @@ def prepare(
     return experiment
 
 
-def federation(supernodes: int, gpus: float | None, backend: str | None = None) -> Federation:
-    """The simulated nodes, their share of the CPUs and GPUs, and the backend (:mod:`experiments.flower.launch`)."""
+def federation(supernodes: int, gpus: float | None, backend: str | None = None, runtime: str = "process") -> Federation:
+    """The simulated nodes, their share of the CPUs and GPUs, the backend and the runtime (:mod:`experiments.flower.launch`)."""
     import torch
 
     from experiments.flower.launch import cpus_per_node, default_backend, gpus_per_node
@@ -130,6 +131,7 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None) 
             cpus_per_client=cpus_per_node(supernodes),
             gpus_per_client=share,
             backend=backend or default_backend(),
+            runtime=runtime,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

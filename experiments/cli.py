@@ -71,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
         "process, no Ray), or 'ray', Ray actors (a Ray cluster when RAY_ADDRESS is set) "
         "(default: ray when RAY_ADDRESS is set, else inprocess)",
     )
+    run.add_argument(
+        "--runtime",
+        choices=("process", "superlink"),
+        default="process",
+        help="how each run reaches Flower's simulation runtime: 'process', called in one process; or "
+        "'superlink', through a private SuperLink and `flwr run` (four Flower processes, as `flwr run .` "
+        "does) (default: process)",
+    )
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
     run.add_argument(
         "--no-plan",
@@ -127,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    federation = api.federation(args.supernodes, args.gpus_per_node, args.backend)
+    federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
     validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
     todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
     if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte

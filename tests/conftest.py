@@ -14,7 +14,7 @@ import pytest
 from experiments.flower import procs
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOWER_PROCESSES = "flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
+FLOWER_PROCESSES = "experiments.flower.one_process|flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
 # Every process this test session starts inherits this variable, so the check
 # below sees only our own processes, never those of other work on the machine.
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"

@@ -12,6 +12,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from experiments.cli import main
 from experiments.flower.launch import Federation, cpus_per_node, gpus_per_node
+from experiments.flower.superlink_run import connection_toml
 from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner
@@ -39,7 +40,7 @@ def test_simulated_nodes_share_the_visible_gpus() -> None:
     assert gpus_per_node(4, None, visible_gpus=1) == 0.25
     assert gpus_per_node(2, None, visible_gpus=8) == 1.0
     assert gpus_per_node(4, 0.5, visible_gpus=1) == 0.5
-    assert "num-gpus = 0.25" in Federation(num_supernodes=4, gpus_per_client=0.25).toml("127.0.0.1:1")
+    assert "num-gpus = 0.25" in connection_toml(Federation(num_supernodes=4, gpus_per_client=0.25), "127.0.0.1:1")
     with pytest.raises(ValueError, match="no CUDA GPU is visible"):
         gpus_per_node(2, 0.5, visible_gpus=0)
     with pytest.raises(ValueError, match="must be >= 0"):
@@ -52,7 +53,7 @@ def test_simulated_nodes_split_the_cores_so_each_has_one_worker_and_none_idles()
     assert cpus_per_node(2, cores=2) == 1
     assert cpus_per_node(4, cores=2) == 1  # more nodes than cores: one CPU each, nodes wait for a worker
     assert cpus_per_node(4, cores=16) == 4
-    assert "num-cpus = 2" in Federation(num_supernodes=1, cpus_per_client=2).toml("127.0.0.1:1")
+    assert "num-cpus = 2" in connection_toml(Federation(num_supernodes=1, cpus_per_client=2), "127.0.0.1:1")
 
 
 def test_fedsketch_run_refuses_a_gpu_share_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:

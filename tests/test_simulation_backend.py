@@ -269,27 +269,37 @@ def _run_watching_processes(args: list[str]) -> tuple[int, set[str]]:
     return code, seen
 
 
+RUNS = {"inprocess": ("inprocess", "process"), "ray": ("ray", "process"), "superlink": ("inprocess", "superlink")}
+"""Backend and runtime of each run the next test compares."""
+FLOWER_PROGRAM = {"process": "experiments.flower.one_process", "superlink": "flwr-simulation"}
+"""The process each runtime runs the ServerApp in."""
+
+
 @pytest.mark.slow
-def test_both_backends_give_the_same_run_and_only_ray_starts_ray(tmp_path: Path, no_leftover_processes: None) -> None:
+def test_both_backends_and_both_runtimes_give_the_same_run_and_only_ray_starts_ray(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
     rows = {}
-    for backend in ("inprocess", "ray"):
-        args = ["run", "--out", str(tmp_path / backend), "--strategies", "fetchsgd", "--backend", backend, "--no-plot"]
+    for name, (backend, runtime) in RUNS.items():
+        args = ["run", "--out", str(tmp_path / name), "--strategies", "fetchsgd", "--no-plot"]
+        args += ["--backend", backend, "--runtime", runtime]
         for pair in [*TINY, "experiment=tiny"]:
             args += ["--set", pair]
         code, seen = _run_watching_processes(args)
         assert code == 0
-        assert any("flwr-simulation" in cmd for cmd in seen), seen  # the watcher does see Flower's processes
+        assert any(FLOWER_PROGRAM[runtime] in cmd for cmd in seen), seen  # the watcher does see Flower's processes
+        assert any("flower-superlink" in cmd for cmd in seen) == (runtime == "superlink"), sorted(seen)
         started_ray = any(name in cmd for cmd in seen for name in RAY_NAMES)
         assert started_ray == (backend == "ray"), (backend, sorted(seen))
-        folder = tmp_path / backend / "tiny" / "fetchsgd"
+        folder = tmp_path / name / "tiny" / "fetchsgd"
         log = (folder / "flower.log").read_text(encoding="utf-8", errors="replace")
         assert ("ClientApp calls run in the simulation process" in log) == (backend == "inprocess")
-        rows[backend] = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        rows[name] = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     timing = {"wall_s", "unix_time"}
-    strip = [[{k: v for k, v in r.items() if k not in timing} for r in rows[b]] for b in ("inprocess", "ray")]
-    assert [r["round"] for r in strip[0]] == [1, 2, 3]
-    assert strip[0] == strip[1]  # accuracy, losses, every byte and count: the backend changes none
-    assert strip[0][-1]["clients"] == 10 and strip[0][-1]["client_errors"] == 0
+    strip = {name: [{k: v for k, v in r.items() if k not in timing} for r in rows[name]] for name in RUNS}
+    assert [r["round"] for r in strip["inprocess"]] == [1, 2, 3]
+    assert strip["inprocess"] == strip["ray"] == strip["superlink"]  # accuracy, losses, every byte and count
+    assert strip["inprocess"][-1]["clients"] == 10 and strip["inprocess"][-1]["client_errors"] == 0
 
 
 def test_cohorts_on_two_threads_at_once_equal_the_same_cohorts_one_after_another() -> None:

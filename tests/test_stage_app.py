@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
-from experiments.flower.launch import INPROCESS_CLIENTAPP, stage_app
+from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 

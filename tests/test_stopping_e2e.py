@@ -32,17 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 MARK = "FEDSKETCH_STOP_TEST_MARK"
 EXIT_WITHIN_S = 20.0  # measured 3.3-3.6 s on a busy 2-core machine: stopping waits GRACE_S = 3 s for SIGTERM
-SIMULATION = [
-    "flower-superlink",
-    "flower-superexec",
-    "flwr run",
-    "flwr-simulation",
-    "gcs_server",
-    "raylet",
-    "ray::ClientAppActor",
-]
-"""A simulation's processes with ``--backend ray``; the in-process backend starts the first four only."""
-BACKEND_PROCESSES = {"ray": SIMULATION, "inprocess": SIMULATION[:4]}
+RAY = ["gcs_server", "raylet", "ray::ClientAppActor"]
+SUPERLINK = ["flower-superlink", "flower-superexec", "flwr run", "flwr-simulation"]
+SIMULATION = ["experiments.flower.one_process", *RAY]
+"""A simulation's processes with ``--backend ray`` (and the default runtime, one process)."""
+PROCESSES = {
+    ("ray", "process"): SIMULATION,
+    ("inprocess", "process"): SIMULATION[:1],
+    ("inprocess", "superlink"): SUPERLINK,
+}
+"""What each backend and runtime starts."""
 DEPLOYMENT = ["flower-superlink", "flower-supernode", "flower-superexec", "flwr run", "flwr-serverapp"]
 ROUNDS = 300  # about 0.3 s a round here once started: still training when the signal comes
 TINY = [
@@ -151,13 +150,15 @@ def names(pids: list[int]) -> str:
     return "\n".join(found)
 
 
-def run_args(out: Path, experiment: str, strategies: str, command: str = "run", backend: str = "ray") -> list[str]:
+def run_args(
+    out: Path, experiment: str, strategies: str, command: str = "run", backend: str = "ray", runtime: str = "process"
+) -> list[str]:
     """Ray by default: its renamed processes are the hardest to stop."""
     args = [command, "--out", str(out), "--strategies", strategies, "--no-plot"]
     if command == "deploy":
         args += ["--supernodes", "2"]
     else:
-        args += ["--backend", backend]
+        args += ["--backend", backend, "--runtime", runtime]
     for pair in [*(TINY if command == "run" else TINY_DEPLOY), f"experiment={experiment}"]:
         args += ["--set", pair]
     return args
@@ -177,18 +178,18 @@ def report(capsys: pytest.CaptureFixture[str], exp_dir: Path) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("backend", ["ray", "inprocess"])
+@pytest.mark.parametrize(("backend", "runtime"), list(PROCESSES))
 def test_ctrl_c_stops_the_run_every_process_and_every_later_run(
-    tmp_path: Path, no_leftover_processes: None, capsys: pytest.CaptureFixture[str], backend: str
+    tmp_path: Path, no_leftover_processes: None, capsys: pytest.CaptureFixture[str], backend: str, runtime: str
 ) -> None:
-    args = run_args(tmp_path / "runs", "stop", "fetchsgd,fedavg", backend=backend)
+    args = run_args(tmp_path / "runs", "stop", "fetchsgd,fedavg", backend=backend, runtime=runtime)
     cmd = Command(tmp_path, "sigint", args, ignore_sigint=True)
     cmd.wait_for_training("fetchsgd")
     running = names(cmd.processes())
-    assert all(name in running for name in BACKEND_PROCESSES[backend]), running
+    assert all(name in running for name in PROCESSES[backend, runtime]), running
     code, seconds = cmd.signal(signal.SIGINT)
     with capsys.disabled():
-        print(f"\nSIGINT to fedsketch run ({backend}): exit code {code} after {seconds:.2f} s")
+        print(f"\nSIGINT to fedsketch run ({backend}, {runtime}): exit code {code} after {seconds:.2f} s")
     assert (code, cmd.processes()) == (130, []), cmd.output()[-3000:]
     assert seconds < EXIT_WITHIN_S
     state, cause, rounds = stopped(tmp_path / "runs" / "stop" / "fetchsgd")

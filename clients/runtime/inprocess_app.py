@@ -1,7 +1,7 @@
 """The ClientApp, run in Flower's simulation process instead of Ray actors.
 
 ``fedsketch run`` with ``--backend inprocess`` (the default) stages the app with this module as its
-ClientApp component (:func:`experiments.flower.launch.stage_app`). Flower's simulation engine
+ClientApp component (:mod:`experiments.flower.one_process`, or staged by :func:`experiments.flower.app_files.stage_app`). Flower's simulation engine
 imports the ClientApp before it builds its backend; importing this module makes it build
 :class:`clients.runtime.simulation_backend.InProcessBackend` (:func:`~clients.runtime.simulation_backend.install`).
 The app itself is :data:`clients.client_app.app`, unchanged.

@@ -55,7 +55,7 @@ from typing import Literal, NotRequired, TypedDict
 import numpy as np
 
 from experiments.bench.bench_sim import round_times
-from experiments.flower.launch import BACKENDS
+from experiments.flower.launch import BACKENDS, RUNTIMES
 from experiments.flower.proctree import TreeSampler, tag_env
 from fedsketch import runlog
 from fedsketch.config import RunConfig
@@ -164,7 +164,12 @@ def run_script(python: str, script: Path, job: Path, folder: Path) -> Run:
 
 
 def run_fedsketch(
-    experiment: Path, supernodes: int, folder: Path, checkout: Path = APP_DIR, backend: str | None = None
+    experiment: Path,
+    supernodes: int,
+    folder: Path,
+    checkout: Path = APP_DIR,
+    backend: str | None = None,
+    runtime: str | None = None,
 ) -> Run:
     """One whole ``fedsketch run`` of the code in ``checkout``: per-round times from ``metrics.jsonl``."""
     out_dir = folder / "runs"
@@ -179,6 +184,7 @@ def run_fedsketch(
         "--supernodes",
         str(supernodes),
         *(["--backend", backend] if backend else []),
+        *(["--runtime", runtime] if runtime else []),
     ]
     start, wall, tree = measure(cmd, folder / "fedsketch.log", checkout)
     strategy = experiment.stem
@@ -257,6 +263,11 @@ def print_breakdown(results: dict[str, list[Run]]) -> None:
             )
 
 
+def _label(nodes: int, backend: str | None, runtime: str | None) -> str:
+    """A fedsketch row's name: its nodes, and its backend and runtime where chosen."""
+    return ", ".join([f"{nodes} nodes", *(x for x in (backend, runtime) if x)])
+
+
 def main() -> None:
     """Build the job, alternate the sides, print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -270,6 +281,14 @@ def main() -> None:
         choices=BACKENDS,
         help="one fedsketch FedAvg row per backend and --supernodes value (default: fedsketch's own "
         "default, inprocess; an older --checkout has no choice)",
+    )
+    parser.add_argument(
+        "--runtimes",
+        nargs="+",
+        default=[None],
+        choices=RUNTIMES,
+        help="one fedsketch FedAvg row per runtime too (default: fedsketch's own, process; an older "
+        "--checkout has no choice)",
     )
     parser.add_argument("--no-fetchsgd", dest="fetchsgd", action="store_false", help="leave out the FetchSGD row")
     parser.add_argument("--breakdown", action="store_true", help="PSS and first sighting by kind of process")
@@ -290,14 +309,14 @@ def main() -> None:
         if args.floor:
             sides["bare torch loop"] = partial(run_script, sys.executable, FLOOR_SCRIPT, job)
         fedavg = write_experiment(folder, job, "fedavg")
-        for backend, n in itertools.product(args.backends, args.supernodes):
-            name = f"fedsketch FedAvg ({n} nodes{f', {backend}' if backend else ''})"
-            sides[name] = partial(run_fedsketch, fedavg, n, checkout=args.checkout, backend=backend)
+        for backend, runtime, n in itertools.product(args.backends, args.runtimes, args.supernodes):
+            name = f"fedsketch FedAvg ({_label(n, backend, runtime)})"
+            sides[name] = partial(run_fedsketch, fedavg, n, checkout=args.checkout, backend=backend, runtime=runtime)
         if args.fetchsgd:
             fetch = write_experiment(folder, job, "fetchsgd")
-            n, backend = args.supernodes[0], args.backends[0]
-            name = f"fedsketch FetchSGD ({n} nodes{f', {backend}' if backend else ''})"
-            sides[name] = partial(run_fedsketch, fetch, n, checkout=args.checkout, backend=backend)
+            n, backend, runtime = args.supernodes[0], args.backends[0], args.runtimes[0]
+            name = f"fedsketch FetchSGD ({_label(n, backend, runtime)})"
+            sides[name] = partial(run_fedsketch, fetch, n, checkout=args.checkout, backend=backend, runtime=runtime)
         results: dict[str, list[Run]] = {name: [] for name in sides}
         for i in range(args.runs):
             for k, (name, side) in enumerate(sides.items()):

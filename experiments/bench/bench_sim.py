@@ -182,7 +182,7 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     """One run through ``flwr run`` against a private simulation SuperLink."""
     import torch
 
-    from experiments.flower.launch import Federation, cpus_per_node, flwr_run, gpus_per_node
+    from experiments.flower.launch import Federation, cpus_per_node, gpus_per_node, simulate
     from experiments.running import runner
     from fedsketch import runlog
 
@@ -193,7 +193,7 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     t0 = time.time()
     gpus = gpus_per_node(supernodes, None, torch.cuda.device_count())
     federation = Federation(num_supernodes=supernodes, cpus_per_client=cpus_per_node(supernodes), gpus_per_client=gpus)
-    code = flwr_run(APP_DIR, path / "run_config.toml", federation, path)
+    code = simulate(APP_DIR, path / "run_config.toml", federation, path)
     memory.stop()
     sampler.join()
     rows = runlog.read_metrics(path, runlog.ROUNDS)

@@ -43,6 +43,7 @@ from experiments.deployment.deploy_commands import (
 )
 from experiments.deployment.pki import NodeKeys, ServerCertificates, make_certificates, make_node_keys
 from experiments.flower import procs
+from experiments.flower.app_files import staged_app
 from experiments.flower.flower_procs import (
     bin_path,
     flower_env,
@@ -52,7 +53,6 @@ from experiments.flower.flower_procs import (
     stop_group,
     wait_healthy_tls,
 )
-from experiments.flower.launch import staged_app
 
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
 __all__ = ["TAG", "Deployment", "LocalFederation", "node_settings"]  # what a run on a LocalFederation needs
@@ -223,7 +223,7 @@ class LocalFederation:
     def run(self, app_dir: Path, run_config: Path, log_file: Path, poll: Callable[[], None] | None = None) -> int:
         """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
 
-        The app is submitted from a copy of its own files (:func:`experiments.flower.launch.stage_app`).
+        The app is submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`).
         """
         with staged_app(app_dir) as staged, open(log_file, "ab") as log:
             cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]

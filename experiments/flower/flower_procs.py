@@ -11,6 +11,7 @@ once its HTTP health endpoint answers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -18,9 +19,12 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+
+from fedsketch import runlog
 
 
 def free_port() -> int:
@@ -135,3 +139,43 @@ def wait_healthy_tls(
             pass
         time.sleep(0.2)
     raise RuntimeError(f"flower-superlink did not answer at {url} within {timeout:.0f} s; see {log_file}")
+
+
+LOGS_GRACE_S = 3.0
+"""How long a finished run waits for the ServerApp's last log line to reach ``flower.log``."""
+
+
+def watch(
+    cmd: list[str],
+    env: dict[str, str],
+    log_file: Path,
+    finished: Callable[[], bool],
+    poll: Callable[[], None] | None,
+) -> int:
+    """Run ``cmd`` in its own process group until it ends or the ServerApp has marked the run done; 0 then."""
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    done = False
+    try:
+        for tick in itertools.count():
+            if proc.poll() is not None or done:
+                break
+            if poll is not None and tick % 5 == 0:
+                poll()
+            time.sleep(0.1)
+            done = finished()
+        if done:
+            _wait_for_line(log_file, runlog.SERVER_DONE_LOG, LOGS_GRACE_S, proc)
+    finally:
+        stop_group(proc)
+    if poll is not None:
+        poll()
+    return 0 if done else int(proc.returncode or 0)
+
+
+def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Until ``line`` is in ``log_file`` (the ServerApp's logs have all been streamed), ``proc`` ends, or a timeout."""
+    deadline = time.monotonic() + timeout_s
+    needle = line.encode()
+    while time.monotonic() < deadline and proc.poll() is None and needle not in log_file.read_bytes():
+        time.sleep(0.05)

@@ -35,6 +35,10 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("SuperLink", r"flower-superlink"),
     ("SuperExec", r"flower-superexec"),
     ("flwr-simulation (ServerApp; ClientApp in-process or Ray driver)", r"flwr-simulation"),
+    (
+        "Flower simulation in one process (ServerApp; ClientApp in-process or Ray driver)",
+        r"experiments\.flower\.one_process",
+    ),
     ("Ray GCS", r"gcs_server"),
     ("Ray raylet", r"raylet/raylet"),
     ("Ray dashboard agent", r"dashboard/agent\.py|^ray::DashboardAgent"),

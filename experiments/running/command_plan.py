@@ -118,7 +118,7 @@ def read_plan(path: Path) -> Plan:
 
 def run_plan(validated: Plan) -> int:
     """Execute the plan's runs one by one with a progress display; then the outcomes, plots and report."""
-    from experiments.flower.launch import flwr_run
+    from experiments.flower.launch import simulate
     from experiments.running import runner, stopping
     from experiments.running.progress import RunWatcher, make_progress
     from fedsketch import runlog
@@ -127,7 +127,7 @@ def run_plan(validated: Plan) -> int:
 
         def execute(run: PlannedRun, path: Path) -> int:
             watcher = RunWatcher(progress, runner.describe(run), path, run.num_rounds)
-            return flwr_run(
+            return simulate(
                 APP_DIR, path / "run_config.toml", validated.federation, path, poll=stopping.checked(watcher)
             )
 

@@ -1,0 +1,78 @@
+"""The app's files as Flower puts them in a FAB, staged in a folder of their own (both runtimes that submit a FAB use it).
+
+``flwr run DIR`` (a simulation through a SuperLink, :mod:`experiments.flower.superlink_run`) and
+``fedsketch deploy`` (:mod:`experiments.deployment.deploy`) submit the app as a FAB built from a
+folder; staging that folder first skips the virtual environment and names another ClientApp
+component where a runtime needs one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
+"""The ClientApp component an in-process simulation is run with: importing it installs the backend."""
+COMPONENT = re.compile(r'^clientapp = "[^"]*"$', re.MULTILINE)
+"""The ClientApp's line in the app's ``[tool.flwr.app.components]``."""
+
+
+def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
+    """The files of ``app_dir`` that Flower puts in the app's FAB, copied to ``dest`` (emptied first);
+    ``clientapp``: the ClientApp component the copy names instead of the app's own.
+
+    ``flwr run DIR`` reads every file below DIR before it drops those that
+    ``.gitignore`` and its own rules exclude (``collect_files`` in
+    ``flwr/cli/utils.py``): with the virtual environment inside the project
+    folder, as the README's set-up makes it, 44,000 files and 2.1 s on a 2-core
+    machine before every run. This walk skips the folders ``.gitignore``
+    excludes, then applies Flower's own filter, so the FAB holds the same files.
+    Where Flower's filter cannot be imported, ``app_dir`` itself is returned.
+
+    Raises
+    ------
+    ValueError
+        If ``dest`` is ``app_dir`` or holds it (emptying it would delete the app).
+    """
+    if app_dir.resolve().is_relative_to(dest.resolve()):
+        raise ValueError(f"cannot stage the app {app_dir} into {dest}: it would be deleted first")
+    try:
+        from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
+    except ImportError:  # a Flower without these helpers: let `flwr run` walk the folder itself
+        return app_dir
+    ignored = build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
+    files: dict[str, Path] = {}
+    for folder, dirs, names in os.walk(app_dir, followlinks=False):
+        rel = Path(folder).relative_to(app_dir)
+        dirs[:] = [d for d in dirs if not ignored.match_file(f"{(rel / d).as_posix()}/")]
+        for name in names:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                files[(rel / name).as_posix()] = path
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel_path, source in filter_paths_for_publish(files).items():
+        target = dest / rel_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, bytes):
+            target.write_bytes(source)
+        else:
+            shutil.copyfile(source, target)
+    if clientapp is not None:
+        pyproject = dest / "pyproject.toml"
+        text, found = COMPONENT.subn(f'clientapp = "{clientapp}"', pyproject.read_text(encoding="utf-8"))
+        if found != 1:
+            raise ValueError(f"{app_dir / 'pyproject.toml'} names no one clientapp component to replace")
+        pyproject.write_text(text, encoding="utf-8")
+    return dest
+
+
+@contextmanager
+def staged_app(app_dir: Path, clientapp: str | None = None) -> Iterator[Path]:
+    """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""
+    with tempfile.TemporaryDirectory(prefix="fedsketch-app-") as tmp:
+        yield stage_app(app_dir, Path(tmp) / "app", clientapp)

@@ -1,0 +1,129 @@
+"""One run through Flower's simulation runtime in one process: no SuperLink, SuperExec or ``flwr run``.
+
+``flwr run`` against a SuperLink (:func:`experiments.flower.superlink_run.flwr_run`)
+starts four Flower processes before round 1: the SuperLink, its SuperExec,
+``flwr run`` and the simulation process. Only the last does the work: it calls
+Flower's simulation runtime (``flwr.simulation.run_simulation._run_simulation``,
+1.41 and 1.42), which runs the ServerApp on one thread and the simulation
+engine (link state, message routing, the backend's workers) on others. This
+module is that last process alone: it fuses the app's ``pyproject.toml`` config
+with the run's overrides as Flower's simulation process does
+(``get_fused_config_from_dir``), names the same ServerApp and ClientApp
+components and calls the same function. The round is Flower's, message for
+message; what goes is the gRPC hop that submits the run and streams its logs,
+the FAB, and three processes (docs/simulation.md, "Start-up" and "Memory").
+
+Run as ``python -m experiments.flower.one_process APP_DIR RUN_CONFIG
+NUM_SUPERNODES NUM_CPUS NUM_GPUS BACKEND``; its logs go to standard output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from experiments.flower import procs
+from experiments.flower.app_files import INPROCESS_CLIENTAPP
+from experiments.flower.flower_procs import flower_env, watch
+from fedsketch import runlog
+
+if TYPE_CHECKING:
+    from experiments.flower.launch import Federation
+
+SERVERAPP = "strategies.server_app:app"
+CLIENTAPPS = {"inprocess": INPROCESS_CLIENTAPP, "ray": "clients.client_app:app"}
+"""The ClientApp component each backend is run with (as :func:`experiments.flower.superlink_run.flwr_run` stages it)."""
+
+
+def overrides(run_config: Path) -> dict[str, Any]:
+    """The run's settings file (``run_config.toml``, flat keys), as ``flwr run --run-config`` reads it."""
+    with open(run_config, "rb") as f:
+        return tomllib.load(f)
+
+
+def simulate(
+    app_dir: Path, run_config: Path, num_supernodes: int, num_cpus: int, num_gpus: float, backend: str
+) -> None:
+    """Run the app's ServerApp and ClientApp through Flower's simulation runtime in this process."""
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import get_fused_config_from_dir
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    run = Run.create_empty(run_id=1)
+    run.override_config = overrides(run_config)
+    run.primary_task_id = 1
+    run.federation_id = NOOP_FEDERATION_ID
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
+    context = Context(
+        run_id=run.run_id,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config=get_fused_config_from_dir(app_dir, run.override_config),
+    )
+    _run_simulation(
+        server_app_attr=SERVERAPP,
+        client_app_attr=CLIENTAPPS[backend],
+        num_supernodes=num_supernodes,
+        backend_name="ray",  # the name the engine builds its backend by; the in-process ClientApp replaces Ray's
+        backend_config={"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}},
+        app_dir=str(app_dir),
+        run=run,
+        server_app_context=context,
+        is_app=True,
+        exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
+    )
+
+
+def one_process_run(
+    app_dir: Path,
+    run_config: Path,
+    federation: Federation,
+    work_dir: Path,
+    poll: Callable[[], None] | None = None,
+) -> int:
+    """:mod:`experiments.flower.one_process` in its own process group, watched as :func:`flwr_run` watches ``flwr run``.
+
+    What it started (Ray's services, with ``backend = "ray"``) carries its
+    private ``FLWR_HOME`` and is stopped with it.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    home = work_dir / "flwr-home"
+    env = flower_env(home)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH", "")) if p)
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.flower.one_process",
+        str(app_dir),
+        str(run_config),
+        str(federation.num_supernodes),
+        str(federation.cpus_per_client),
+        str(federation.gpus_per_client),
+        federation.backend,
+    ]
+    finished = partial(runlog.server_done, work_dir)
+    try:
+        return watch(cmd, env, work_dir / "flower.log", finished, poll)
+    finally:
+        procs.stop_carrying("FLWR_HOME", str(home), 0.0 if finished() else 5.0)
+
+
+def main(argv: list[str]) -> int:
+    app_dir, run_config, nodes, cpus, gpus, backend = argv
+    simulate(Path(app_dir), Path(run_config), int(nodes), int(cpus), float(gpus), backend)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
