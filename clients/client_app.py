@@ -131,7 +131,9 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict()
     for cid, reason in unreadable.items():
         messages.add_failure(content, cid, reason)
-    for out in outcomes:
+    outcomes.reverse()
+    while outcomes:  # each client's arrays are let go once the reply holds their bytes
+        out = outcomes.pop()
         if out.state is not None:  # pending until the server says it applied this round's upload
             store.save(out.cid, client_state.with_pending(bases[out.cid], out.state, request.server_round))
         if out.payload is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -129,7 +129,8 @@ def collect(
                 out.fail(None, "rejected", f"node {node} named clients {asked[:5]}; expected one new valid id")
                 log(WARNING, "node %d rejected: named clients %s", node, asked[:5])
                 continue
-        _collect_content(found, node, asked, spec, limits, out, diagnostic)
+        _collect_content(found, node, asked, spec, limits, out, diagnostic, msg.content)
+        _release_arrays(msg.content, found)
     for node, cids in sent.items():
         if node not in answered:
             for cid in _each_client(cids):
@@ -138,6 +139,21 @@ def collect(
         log(WARNING, "client %d rejected: %s", cid, reason)
     out.updates.sort(key=lambda u: u.cid)
     return out
+
+
+def _take(content: RecordDict, found: Records, key: str) -> ArrayRecord | None:
+    """A client's arrays, taken out of its reply: once read, what was accepted is decoded into copies,
+    and the bytes go with the record, while the round's caller keeps the reply until the round ends
+    (a dense round: 100 clients' bytes, 120 MB on the peer job; docs/simulation.md, "Memory")."""
+    content.pop(key, None)
+    return found.arrays.pop(key, None)
+
+
+def _release_arrays(content: RecordDict, found: Records) -> None:
+    """Drop whatever arrays a read reply still holds (records of clients it was not asked for)."""
+    for key in found.arrays:
+        content.pop(key, None)
+    found.arrays.clear()
 
 
 def _each_client(cids: list[int]) -> list[int | None]:
@@ -158,21 +174,22 @@ def _collect_content(
     limits: ReplyLimits,
     out: RoundReplies,
     diagnostic_spec: PayloadSpec | None,
+    content: RecordDict,
 ) -> None:
-    configs, array_records, metric_records = found.configs, found.arrays, found.metrics
+    configs, metric_records = found.configs, found.metrics
     for cid in asked:
         if wire.failure_key(cid) in configs:
             reason = str(configs[wire.failure_key(cid)].get(wire.REASON, "unknown"))
             out.fail(cid, "errors", reason)
             continue
-        arrays = array_records.get(wire.update_key(cid))
+        arrays = _take(content, found, wire.update_key(cid))
         metrics = metric_records.get(wire.metrics_key(cid))
         if arrays is None or metrics is None:
             out.fail(cid, "rejected", "reply has no update or metrics for this client")
             continue
         nbytes = wire_bytes(arrays) + wire_bytes(metrics)
         out.upload_bytes += nbytes
-        extra = array_records.get(wire.diagnostic_key(cid)) if diagnostic_spec is not None else None
+        extra = _take(content, found, wire.diagnostic_key(cid)) if diagnostic_spec is not None else None
         out.diagnostic_bytes += wire_bytes(extra) if extra is not None else 0
         try:
             num_examples, loss = _validated_metrics(metrics, limits)

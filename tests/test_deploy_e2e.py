@@ -129,13 +129,16 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
         "min-nodes": 3,
         "min-replies": 2,
         "round-timeout": 40.0,
+        # each client trains long enough (well over the 0.05 s between looks) to be killed before it replies
+        "client-update": "delta",
+        "local-steps": 100,
     }
     run_dir = runner.prepare(RunConfig.from_mapping(values))
     with LocalFederation(Deployment(3, tls=True, auth=True), tmp_path / "fed") as fed:
         node_ids = fed.wait_online(3)
         starts: list[float] = []
 
-        def chaos() -> None:  # called twice a second while the run goes on
+        def chaos() -> None:  # called every 0.05 s while the run goes on
             if not starts and fed.log("supernode-2").read_text().count("Received successfully") == 2:
                 fed.kill_supernode(2)  # it holds round 2's message: that reply never comes
                 starts.append(time.monotonic())
@@ -144,7 +147,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
                 starts.append(time.monotonic())  # refused while its old self still counts as online: retry
                 fed.start_supernode(2)
 
-        code = fed.run(ROOT, run_dir / "run_config.toml", run_dir / "flower.log", poll=chaos)
+        code = fed.run(ROOT, run_dir / "run_config.toml", run_dir / "flower.log", poll=chaos, poll_s=0.05)
         assert starts, "SuperNode 2 never received round 2's message"
         assert fed.online_nodes() == node_ids
     assert code == 0, (run_dir / "flower.log").read_text()[-3000:]

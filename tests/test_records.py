@@ -99,3 +99,21 @@ def test_a_rounds_requests_and_replies_are_freed_when_the_round_is_done(
     assert len(got) == 2 and strat.books.totals["upload"] > 0
     del requests, replies
     assert [ref() is None for ref in sent + got] == [True] * 4
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fetchsgd"])
+def test_the_strategy_takes_each_clients_arrays_out_of_its_reply_as_it_reads_them(strategy: str) -> None:
+    """The caller keeps a round's replies until the round ends; their arrays (a copy is decoded) need not stay."""
+    cfg = RunConfig.from_mapping({**TINY, "strategy": strategy})
+    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    strat = build_strategy(cfg, None)
+    with task_identity():
+        requests = list(strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(requests))
+        held = [len(records_of(r.content).arrays) for r in replies]
+        before = strat.books.totals["upload"]
+        strat.aggregate_train(1, replies)
+    assert sum(held) == cfg.clients_per_round  # one array record per client came back
+    assert strat.books.totals["upload"] > before and strat.books.totals["clients"] == cfg.clients_per_round
+    assert [records_of(r.content).arrays for r in replies] == [{}, {}]  # and none is left once read
+    assert all(records_of(r.content).metrics for r in replies)  # the rest of each reply is untouched

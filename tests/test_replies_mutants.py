@@ -18,7 +18,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message import make_message
 
-from clients.messages import add_failure, add_update, model_record, payload_to_record, wire_bytes
+from clients.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
@@ -57,6 +57,11 @@ def _content(*cids: int, payload: dict[str, np.ndarray] | None = None, **metrics
     for cid in cids:
         add_update(content, cid, _payload(cid) if payload is None else payload, _metrics(**metrics))
     return content
+
+
+def _copy(content: RecordDict) -> RecordDict:
+    """A reply's records in a dict of their own: collecting takes each client's arrays out of the reply."""
+    return RecordDict(dict(content))
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -328,6 +333,8 @@ def _collect(msgs: list[Message], sent: dict[int, list[int]], **kwargs: Any) -> 
 def test_accepted_updates_keep_their_arrays_counts_bytes_and_node_sorted_by_client() -> None:
     first, second = _content(5, 2, num=7, loss=1.5), _content(9, num=3, loss=0.75)
     out = _collect([_reply(102, second), _reply(101, first)], {101: [5, 2], 102: [9]})
+    assert [records_of(c).arrays for c in (first, second)] == [{}, {}]  # each client's arrays taken once read
+    first, second = _content(5, 2, num=7, loss=1.5), _content(9, num=3, loss=0.75)  # the same replies, to compare
     assert [u.cid for u in out.updates] == [2, 5, 9]
     assert (out.failed, out.failures, out.diagnostic_bytes) == (0, {}, 0)
     expected_bytes = 0
@@ -348,7 +355,10 @@ def test_a_decoded_update_and_its_diagnostic_are_kept_and_diagnostic_bytes_count
     diag = payload_to_record({wire.DIAGNOSTIC_UPDATE: np.array([0.5, -1.0, 2.0], np.float32)})
     content[wire.diagnostic_key(4)] = diag
     out = _collect(
-        [_reply(101, content)], {101: [4]}, spec=lambda p: float(p["table"].sum() + p["count"][0]), diagnostic=DIAG
+        [_reply(101, _copy(content))],
+        {101: [4]},
+        spec=lambda p: float(p["table"].sum() + p["count"][0]),
+        diagnostic=DIAG,
     )
     (update,) = out.updates
     assert update.decoded == float(_payload(4)["table"].sum()) + 7.0
@@ -357,7 +367,9 @@ def test_a_decoded_update_and_its_diagnostic_are_kept_and_diagnostic_bytes_count
     arrays, metrics = content[wire.update_key(4)], content[wire.metrics_key(4)]
     assert update.upload_bytes == out.upload_bytes == wire_bytes(arrays) + wire_bytes(metrics)
     assert out.diagnostic_bytes == wire_bytes(diag) > 0
-    plain = _collect([_reply(101, content)], {101: [4]})  # diagnostic arrays not asked for: neither read nor counted
+    plain = _collect(
+        [_reply(101, _copy(content))], {101: [4]}
+    )  # diagnostic arrays not asked for: neither read nor counted
     assert plain.diagnostic_bytes == 0 and plain.updates[0].diagnostic is None
     assert plain.upload_bytes == out.upload_bytes
 
@@ -375,7 +387,7 @@ def test_each_bad_client_is_rejected_with_its_reason_and_its_bytes_still_counted
     content[wire.metrics_key(9)] = _metrics()  # metrics without an update
     content[wire.diagnostic_key(1)] = payload_to_record({wire.DIAGNOSTIC_UPDATE: np.ones(3, np.float32)})
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        out = _collect([_reply(101, content)], {101: [1, 2, 3, 4, 5, 6, 7, 8, 9]})
+        out = _collect([_reply(101, _copy(content))], {101: [1, 2, 3, 4, 5, 6, 7, 8, 9]})
     assert [u.cid for u in out.updates] == [1]
     missing = "reply has no update or metrics for this client"
     assert out.failures == {
@@ -427,7 +439,7 @@ def test_replies_from_nodes_not_asked_or_twice_are_ignored_and_silent_nodes_time
     ]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        late = _collect([_reply(101, honest)], {101: [1, 2], 102: [3, 4], 103: []})
+        late = _collect([_reply(101, _content(1, 2))], {101: [1, 2], 102: [3, 4], 103: []})
     assert (late.timeouts, late.failures) == (
         3,
         {3: "node 102 did not reply in time", 4: "node 102 did not reply in time"},

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from clients.messages import record_to_payload, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
@@ -45,17 +45,21 @@ SETTINGS = {
     "lr": 0.3,
     "local-batch-size": 10_000,
 }
-Exchange = tuple[list[Message], list[Message]]
+Exchange = tuple[list[Message], list[RecordDict]]
 
 
 class Recorder:
-    """Grid tamper that keeps every exchange's requests and replies and changes nothing."""
+    """Grid tamper that keeps every exchange's requests and what its replies held, and changes nothing.
+
+    The strategy takes each client's arrays out of a reply as it reads them: kept here are
+    copies of the replies' record dicts, which share the records.
+    """
 
     def __init__(self) -> None:
         self.exchanges: list[Exchange] = []
 
     def __call__(self, requests: list[Message], replies: list[Message]) -> list[Message]:
-        self.exchanges.append((requests, replies))
+        self.exchanges.append((requests, [RecordDict(dict(m.content)) for m in replies]))
         return replies
 
     def rounds(self) -> dict[int, list[Exchange]]:
@@ -83,14 +87,14 @@ def runs() -> dict[str, Run]:
     return out
 
 
-def sent(replies: list[Message]) -> dict[int, tuple[dict[str, np.ndarray], int]]:
+def sent(replies: list[RecordDict]) -> dict[int, tuple[dict[str, np.ndarray], int]]:
     """Per client id, in id order: the payload it uploaded and its number of examples."""
     out = {}
-    for msg in replies:
-        for key, record in msg.content.array_records.items():
+    for content in replies:
+        for key, record in content.array_records.items():
             parsed = wire.parse_cid(key)
             if parsed is not None and parsed[0] == "update":
-                metrics = msg.content.metric_records[wire.metrics_key(parsed[1])]
+                metrics = content.metric_records[wire.metrics_key(parsed[1])]
                 out[parsed[1]] = (record_to_payload(record), int(metrics[wire.NUM_EXAMPLES]))  # type: ignore[arg-type]
     return dict(sorted(out.items()))
 
@@ -155,13 +159,13 @@ def test_sketched_sgd_applies_lr_times_the_top_k_of_the_weighted_mean_of_the_exa
         torch.testing.assert_close(w[rnd - 1] - w[rnd], expected, rtol=1e-5, atol=1e-7)
 
 
-def upload_of(replies: list[Message]) -> int:
+def upload_of(replies: list[RecordDict]) -> int:
     """Each client's update and metrics records, as serialized."""
     total = 0
-    for msg in replies:
-        for cid in (parsed[1] for parsed in map(wire.parse_cid, msg.content.array_records) if parsed):
-            total += wire_bytes(msg.content.array_records[wire.update_key(cid)])
-            total += wire_bytes(msg.content.metric_records[wire.metrics_key(cid)])
+    for content in replies:
+        for cid in (parsed[1] for parsed in map(wire.parse_cid, content.array_records) if parsed):
+            total += wire_bytes(content.array_records[wire.update_key(cid)])
+            total += wire_bytes(content.metric_records[wire.metrics_key(cid)])
     return total
 
 

@@ -220,10 +220,18 @@ class LocalFederation:
             [bin_path("flwr"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
 
-    def run(self, app_dir: Path, run_config: Path, log_file: Path, poll: Callable[[], None] | None = None) -> int:
+    def run(
+        self,
+        app_dir: Path,
+        run_config: Path,
+        log_file: Path,
+        poll: Callable[[], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> int:
         """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
 
-        The app is submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`).
+        ``poll`` is called every ``poll_s`` seconds while the run goes on. The app is
+        submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`).
         """
         with staged_app(app_dir) as staged, open(log_file, "ab") as log:
             cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
@@ -232,7 +240,7 @@ class LocalFederation:
                 while proc.poll() is None:
                     if poll is not None:
                         poll()
-                    time.sleep(0.5)
+                    time.sleep(poll_s)
             finally:
                 stop_group(proc)
         if poll is not None:
