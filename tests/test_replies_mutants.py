@@ -422,6 +422,14 @@ def test_a_missing_or_bad_diagnostic_rejects_its_client_and_is_still_counted() -
     assert out.rejected == 2 and out.failed == 2
 
 
+def test_a_reply_keeps_no_array_record_once_read_not_even_of_clients_it_was_not_asked_for() -> None:
+    content = _content(5, 6)  # client 6 was not asked of this node
+    metrics = dict(records_of(content).metrics)
+    out = _collect([_reply(101, content)], {101: [5]})
+    assert [u.cid for u in out.updates] == [5]
+    assert records_of(content).arrays == {} and records_of(content).metrics == metrics
+
+
 def test_replies_from_nodes_not_asked_or_twice_are_ignored_and_silent_nodes_time_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
