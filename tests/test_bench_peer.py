@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.bench.bench_peer import Run, print_table
+from experiments.bench.peer_tables import Run, print_table
 
 
 def _run(round_s: float, total_s: float, peak_mb: float) -> Run:
