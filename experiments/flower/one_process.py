@@ -35,6 +35,10 @@ from fedsketch import runlog
 if TYPE_CHECKING:
     from experiments.flower.launch import Federation
 
+MALLOC_ARENAS = "2"
+"""glibc's ``MALLOC_ARENA_MAX`` for the process, unless the environment sets one: each thread that
+allocates (the ServerApp's, the engine's workers) otherwise gets an arena of its own, which keeps
+what a round's replies freed (the peer job's FedAvg: 872 against 797 MB, docs/simulation.md)."""
 SERVERAPP = "strategies.server_app:app"
 CLIENTAPPS = {"inprocess": INPROCESS_CLIENTAPP, "ray": "clients.client_app:app"}
 """The ClientApp component each backend is run with (as :func:`experiments.flower.superlink_run.flwr_run` stages it)."""
@@ -85,6 +89,15 @@ def simulate(
     )
 
 
+def process_env(app_dir: Path, flwr_home: Path) -> dict[str, str]:
+    """The simulation process's environment: Flower's (:func:`flower_env`), the app first on the path,
+    and :data:`MALLOC_ARENAS` unless the environment sets ``MALLOC_ARENA_MAX`` already."""
+    env = flower_env(flwr_home)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENAS)
+    return env
+
+
 def one_process_run(
     app_dir: Path,
     run_config: Path,
@@ -99,8 +112,7 @@ def one_process_run(
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     home = work_dir / "flwr-home"
-    env = flower_env(home)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH", "")) if p)
+    env = process_env(app_dir, home)
     cmd = [
         sys.executable,
         "-m",
