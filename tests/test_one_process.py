@@ -29,8 +29,13 @@ def test_the_process_gets_the_app_first_on_its_path_and_two_malloc_arenas_unless
     assert one_process.process_env(tmp_path / "app", tmp_path / "home")["MALLOC_ARENA_MAX"] == "8"
 
 
-def test_each_backend_runs_the_clientapp_it_is_staged_with_through_a_superlink() -> None:
-    from experiments.flower.app_files import INPROCESS_CLIENTAPP
+def test_each_backend_runs_the_components_the_app_names_and_the_clientapp_a_staged_app_names(
+    tmp_path: Path,
+) -> None:
+    from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
 
-    assert one_process.CLIENTAPPS == {"inprocess": INPROCESS_CLIENTAPP, "ray": "clients.client_app:app"}
-    assert one_process.SERVERAPP == "strategies.server_app:app"
+    root = Path(__file__).resolve().parent.parent
+    assert one_process.components(root, "ray") == ("strategies.server_app:app", "clients.client_app:app")
+    assert one_process.components(root, "inprocess") == ("strategies.server_app:app", INPROCESS_CLIENTAPP)
+    staged = stage_app(root, tmp_path / "app", INPROCESS_CLIENTAPP)  # what --runtime superlink submits
+    assert one_process.components(staged, "ray") == one_process.components(root, "inprocess")

@@ -18,6 +18,13 @@ from pathlib import Path
 
 INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
 """The ClientApp component an in-process simulation is run with: importing it installs the backend."""
+
+
+def clientapp_for(backend: str) -> str | None:
+    """The ClientApp component a simulation with ``backend`` runs instead of the app's own (``None``: the app's)."""
+    return INPROCESS_CLIENTAPP if backend == "inprocess" else None
+
+
 COMPONENT = re.compile(r'^clientapp = "[^"]*"$', re.MULTILINE)
 """The ClientApp's line in the app's ``[tool.flwr.app.components]``."""
 

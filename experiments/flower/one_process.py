@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.flower import procs
-from experiments.flower.app_files import INPROCESS_CLIENTAPP
+from experiments.flower.app_files import clientapp_for
 from experiments.flower.flower_procs import flower_env, watch
 from fedsketch import runlog
 
@@ -39,15 +39,22 @@ MALLOC_ARENAS = "2"
 """glibc's ``MALLOC_ARENA_MAX`` for the process, unless the environment sets one: each thread that
 allocates (the ServerApp's, the engine's workers) otherwise gets an arena of its own, which keeps
 what a round's replies freed (the peer job's FedAvg: 872 against 797 MB, docs/simulation.md)."""
-SERVERAPP = "strategies.server_app:app"
-CLIENTAPPS = {"inprocess": INPROCESS_CLIENTAPP, "ray": "clients.client_app:app"}
-"""The ClientApp component each backend is run with (as :func:`experiments.flower.superlink_run.flwr_run` stages it)."""
 
 
 def overrides(run_config: Path) -> dict[str, Any]:
     """The run's settings file (``run_config.toml``, flat keys), as ``flwr run --run-config`` reads it."""
     with open(run_config, "rb") as f:
         return tomllib.load(f)
+
+
+def components(app_dir: Path, backend: str) -> tuple[str, str]:
+    """The ServerApp and ClientApp components the app's ``pyproject.toml`` names, read as Flower's simulation
+    process reads them; with ``backend``'s own ClientApp in place of the app's, as a staged app names it
+    (:func:`experiments.flower.app_files.clientapp_for`)."""
+    from flwr.common.config import get_project_config
+
+    named = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
+    return named["serverapp"], clientapp_for(backend) or named["clientapp"]
 
 
 def simulate(
@@ -63,6 +70,7 @@ def simulate(
     from flwr.supercore.task_identity import TaskIdentity
     from flwr.supercore.telemetry import EventType
 
+    serverapp, clientapp = components(app_dir, backend)
     run = Run.create_empty(run_id=1)
     run.override_config = overrides(run_config)
     run.primary_task_id = 1
@@ -76,8 +84,8 @@ def simulate(
         run_config=get_fused_config_from_dir(app_dir, run.override_config),
     )
     _run_simulation(
-        server_app_attr=SERVERAPP,
-        client_app_attr=CLIENTAPPS[backend],
+        server_app_attr=serverapp,
+        client_app_attr=clientapp,
         num_supernodes=num_supernodes,
         backend_name="ray",  # the name the engine builds its backend by; the in-process ClientApp replaces Ray's
         backend_config={"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}},

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.flower import procs
-from experiments.flower.app_files import INPROCESS_CLIENTAPP, staged_app
+from experiments.flower.app_files import clientapp_for, staged_app
 from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group, wait_healthy, watch
 from fedsketch import runlog
 
@@ -94,13 +94,13 @@ def flwr_run(
     written), Flower's processes are stopped at once rather than left to their
     own teardown. Returns 0 then, else the exit code of ``flwr run``. The app
     is submitted from a copy of its own files (:func:`stage_app`), which for
-    the in-process backend names :data:`INPROCESS_CLIENTAPP` as its ClientApp.
+    the in-process backend names its own ClientApp (:func:`~experiments.flower.app_files.clientapp_for`).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "flower.log"
     finished = partial(runlog.server_done, work_dir)
     home = work_dir / "flwr-home"
-    clientapp = INPROCESS_CLIENTAPP if federation.backend == "inprocess" else None
+    clientapp = clientapp_for(federation.backend)
     with (
         simulation_superlink(home, federation, log_file, finished) as (env, healthy),
         staged_app(app_dir, clientapp) as staged,
