@@ -44,7 +44,16 @@ FILE = runlog.CHECKPOINT
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
 VERSION = 2  # 2: the books are one dataclass (fedsketch.books)
-RUNTIME_KEYS = ("out-dir", "checkpoint-every", "round-timeout", "reply-poll-s", "min-nodes", "device", "client-state")
+RUNTIME_KEYS = (
+    "out-dir",
+    "checkpoint-every",
+    "round-timeout",
+    "reply-poll-s",
+    "object-retry-s",
+    "min-nodes",
+    "device",
+    "client-state",
+)
 """Settings that change where or how a run executes, not what it computes: a resume may change them."""
 
 

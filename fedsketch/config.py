@@ -96,6 +96,7 @@ class RunConfig:
     device: str = _s("device")
     round_timeout: float = _s("round-timeout")
     reply_poll_s: float = _s("reply-poll-s")
+    object_retry_s: float = _s("object-retry-s")
     min_replies: int = _s("min-replies")
     # --- robustness and privacy (docs/trust.md)
     clip_norm: float = _s("clip-norm")

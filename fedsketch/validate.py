@@ -120,6 +120,10 @@ def _ranges(cfg: RunConfig) -> None:
     for name in ("lr", "client_lr", "partition_alpha", "round_timeout", "reply_poll_s"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.object_retry_s <= 0.25:
+        raise ConfigError(
+            f"setting 'object-retry-s' must be in [0, 0.25] (0: Flower's own retries); got {cfg.object_retry_s}"
+        )
     if not 0.0 <= cfg.momentum < 1.0:
         raise ConfigError(f"setting 'momentum' must be in [0, 1); got {cfg.momentum}")
     if not 0.0 <= cfg.client_momentum < 1.0:

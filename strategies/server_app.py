@@ -10,6 +10,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
+from clients.runtime import object_pulls
 from fedsketch import runlog
 from fedsketch.client_state import clear_states
 from fedsketch.config import RunConfig, check_against_model
@@ -47,6 +48,13 @@ def poll_replies_sooner(grid: Grid, interval_s: float) -> None:
         grid.pull_interval = interval_s
 
 
+def retry_objects_sooner(grid: Grid, first_s: float) -> None:
+    """In a deployment, ask again for a reply's missing parts after ``first_s`` seconds (``object-retry-s``),
+    not Flower's 1 s (:mod:`clients.runtime.object_pulls`); 0, or the simulation's grid, leaves Flower's own."""
+    if first_s > 0 and not isinstance(grid, InMemoryGrid):
+        object_pulls.install(object_pulls.GRID, first_s)
+
+
 app = ServerApp()
 
 
@@ -55,6 +63,7 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     cfg = RunConfig.from_mapping(context.run_config)
     poll_replies_sooner(grid, cfg.reply_poll_s)
+    retry_objects_sooner(grid, cfg.object_retry_s)
     out_dir = runlog.run_dir(cfg)
     strategy = build_strategy(cfg, out_dir)
     if cfg.client_state == "disk":  # a fresh run; no earlier run's states left on this disk

@@ -5,8 +5,9 @@ reply missing, so a round ends up to 3 s after its last reply arrived. :func:`se
 keeps Flower's own ``push_messages`` and ``pull_messages`` and replaces only that sleep: the
 first wait is ``first_s``, each further one ``factor`` times longer up to ``cap_s``, and the
 schedule starts again from ``first_s`` after a pull that brought replies. One pull asks for every
-missing reply at once, whatever the number of nodes: a running round costs the SuperLink at most
-``1 / cap_s`` pulls a second while no reply arrives (docs/deployment.md has the figures).
+missing reply at once, whatever the number of nodes, so the cap grows with the replies still
+missing: a running round costs the SuperLink at most ``1 / cap_s`` pulls and ``ids_per_s`` named
+replies a second while no reply arrives (docs/deployment.md has the figures).
 Flower's simulation grid keeps its own fixed ``pull_interval`` (``reply-poll-s``).
 """
 
@@ -32,17 +33,28 @@ class PushPull(Protocol):
 
 @dataclass(frozen=True)
 class PollSchedule:
-    """Seconds between pulls: ``first_s``, then ``factor`` times more after each empty pull, at most ``cap_s``."""
+    """Seconds between pulls: ``first_s``, then ``factor`` times more after each empty pull, at most the cap.
+
+    The cap is ``cap_s``, or longer where a pull names many missing replies: at most ``ids_per_s``
+    of them a second (``None``: no such bound) (:meth:`cap_for`).
+    """
 
     first_s: float = 0.01
     factor: float = 1.5
-    cap_s: float = 0.25  # bounds how long a round waits after its last reply arrived (plus one pull)
+    cap_s: float = 0.05  # bounds how long a round waits after its last reply arrived (plus one pull)
+    ids_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.first_s <= self.cap_s or not math.isfinite(self.cap_s):
             raise ValueError(f"poll schedule needs 0 < first_s <= cap_s < inf; got {self.first_s}, {self.cap_s}")
         if not 1.0 <= self.factor < math.inf:
             raise ValueError(f"poll schedule needs a finite factor >= 1; got {self.factor}")
+        if self.ids_per_s is not None and not 0 < self.ids_per_s < math.inf:
+            raise ValueError(f"poll schedule needs 0 < ids_per_s < inf or None; got {self.ids_per_s}")
+
+    def cap_for(self, missing: int) -> float:
+        """The longest wait while ``missing`` replies are still out: ``cap_s``, or what keeps to ``ids_per_s``."""
+        return self.cap_s if self.ids_per_s is None else max(self.cap_s, missing / self.ids_per_s)
 
 
 @dataclass(frozen=True)
@@ -54,27 +66,32 @@ class Clock:
 
 
 WALL_CLOCK = Clock(time.monotonic, time.sleep)
-DEPLOYMENT = PollSchedule()
+DEPLOYMENT = PollSchedule(ids_per_s=4000.0)
+"""A deployed round: 20 pulls a second at most, and at most 4,000 reply ids (64 hexadecimal characters
+each, about 256 kB) named a second, which lengthens the cap from 200 missing replies on."""
 
 
-def delay(schedule: PollSchedule, empty_pulls: int) -> float:
-    """The wait after ``empty_pulls + 1`` pulls in a row that brought no reply (0: after one, or after replies)."""
+def delay(schedule: PollSchedule, empty_pulls: int, missing: int = 1) -> float:
+    """The wait after ``empty_pulls + 1`` pulls in a row that brought no reply (0: after one, or after replies),
+    with ``missing`` replies still out."""
     if empty_pulls < 0:
         raise ValueError(f"empty_pulls must be >= 0; got {empty_pulls}")
     if schedule.factor == 1.0:
         return schedule.first_s
-    to_cap = math.ceil(math.log(schedule.cap_s / schedule.first_s, schedule.factor))
-    return min(schedule.cap_s, schedule.first_s * schedule.factor ** min(empty_pulls, to_cap))
+    cap = schedule.cap_for(missing)
+    to_cap = math.ceil(math.log(cap / schedule.first_s, schedule.factor))
+    return min(cap, schedule.first_s * schedule.factor ** min(empty_pulls, to_cap))
 
 
-def pulls_within(schedule: PollSchedule, timeout: float) -> int:
-    """The pulls a wait of ``timeout`` seconds makes when no reply ever comes and a pull takes no time.
+def pulls_within(schedule: PollSchedule, timeout: float, missing: int = 1) -> int:
+    """The pulls a wait of ``timeout`` seconds makes when none of ``missing`` replies ever comes and a pull
+    takes no time.
 
     One pull right after the push, one after each wait, the last at the timeout itself.
     """
     pulls, waited = 1, 0.0
     while waited < timeout:
-        waited += delay(schedule, pulls - 1)
+        waited += delay(schedule, pulls - 1, missing)
         pulls += 1
     return pulls
 
@@ -117,7 +134,7 @@ def send_and_receive(
         empty = 0 if got else empty + 1
         if not missing:
             break
-        wait = delay(schedule, max(empty - 1, 0))
+        wait = delay(schedule, max(empty - 1, 0), len(missing))
         if deadline is not None:
             remaining = deadline - clock.now()
             if remaining <= 0:

@@ -70,12 +70,46 @@ def test_the_pulls_over_a_timeout_are_bounded_by_the_cap() -> None:
     assert pulls_within(EXACT, 2.0) == 13  # 1 + 4 growing waits (15/64 s) + 8 capped ones (the last cut to 1/64 s)
 
 
+@pytest.mark.parametrize("missing", [1, 200, 1_000, 10_000])
+def test_a_deployed_round_names_at_most_ids_per_s_replies_a_second_however_many_are_missing(missing: int) -> None:
+    """The cap stays ``cap_s`` up to ``cap_s * ids_per_s`` missing replies, then grows with them."""
+    ids_per_s = DEPLOYMENT.ids_per_s
+    assert ids_per_s is not None
+    cap = DEPLOYMENT.cap_for(missing)
+    assert cap == max(DEPLOYMENT.cap_s, missing / ids_per_s)
+    assert delay(DEPLOYMENT, 10**6, missing) == cap
+    timeout = 600.0
+    pulls = pulls_within(DEPLOYMENT, timeout, missing)
+    growing = sum(1 for n in range(200) if delay(DEPLOYMENT, n, missing) < cap)
+    assert pulls <= timeout / cap + growing + 2
+    assert (pulls - growing - 2) * missing / timeout <= ids_per_s  # the capped pulls keep to the bound
+
+
+def test_the_cap_for_one_missing_reply_is_cap_s_and_without_a_bound_never_grows() -> None:
+    assert DEPLOYMENT.cap_for(1) == DEPLOYMENT.cap_s <= 0.05
+    assert DEPLOYMENT.cap_for(1_000) == pytest.approx(0.25)
+    assert EXACT.cap_for(10**6) == EXACT.cap_s
+
+
+def test_a_wait_with_many_replies_missing_backs_off_to_the_longer_cap() -> None:
+    """A round of 1,000 nodes that sends nothing: the waits grow to 1,000 / ids_per_s, not to cap_s."""
+    many = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=2.0**-4, ids_per_s=1000 / 0.25)
+    assert [delay(many, n, 1_000) for n in range(6)] == [1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 4]
+    assert [delay(many, n, 1) for n in range(4)] == [1 / 64, 1 / 32, 1 / 16, 1 / 16]
+
+
 @pytest.mark.parametrize(
     ("first", "factor", "cap"), [(0.0, 1.5, 1.0), (0.5, 1.5, 0.1), (0.01, 0.9, 1.0), (0.01, 1.5, float("inf"))]
 )
 def test_a_schedule_that_cannot_work_is_refused(first: float, factor: float, cap: float) -> None:
     with pytest.raises(ValueError, match="poll schedule needs"):
         PollSchedule(first, factor, cap)
+
+
+def test_a_schedule_with_a_bound_that_cannot_work_is_refused() -> None:
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="ids_per_s"):
+            PollSchedule(ids_per_s=bad)
 
 
 def test_simulation_keeps_its_fixed_interval_and_other_grids_back_off() -> None:

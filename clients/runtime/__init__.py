@@ -4,5 +4,9 @@
   simulation process (:mod:`clients.runtime.simulation_backend`); ``fedsketch run --backend inprocess`` (the
   default) names this module as the run's ClientApp, nothing else installs it.
 - :mod:`clients.runtime.launcher`: a device's launcher, ``python -m clients.runtime.launcher``, which imports
-  once and forks a child per round (:mod:`clients.runtime.forked`, :mod:`clients.runtime.joining`).
+  once and forks a child per round (:mod:`clients.runtime.forked`, :mod:`clients.runtime.joining`); its
+  SuperNode's shorter waits (:mod:`clients.runtime.supernode_waits`, :mod:`clients.runtime.object_pulls`) unless
+  ``--supernode-waits flower``.
+- :mod:`clients.runtime.object_pulls`: also the deployed ServerApp's shorter retries for a reply's parts, unless
+  ``object-retry-s = 0`` (:func:`strategies.server_app.retry_objects_sooner`).
 """

@@ -19,15 +19,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from clients.runtime import supernode_waits
+from clients.runtime import object_pulls, supernode_waits
 from clients.runtime.joining import report_joining
+
+OBJECT_RETRY_S = 0.01
+"""The SuperNode's first wait before asking again for a part of the server's message not yet at the SuperLink."""
 
 
 def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool = False) -> NoReturn:
     """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``.
 
     With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.runtime.joining`);
-    with ``backoff``, the SuperNode asks for its next message soon after a reply (:mod:`clients.runtime.supernode_waits`).
+    with ``backoff``, the SuperNode asks for its next message soon after a reply (:mod:`clients.runtime.supernode_waits`)
+    and for a message's missing parts after :data:`OBJECT_RETRY_S` (:mod:`clients.runtime.object_pulls`).
     """
     _name_process("flower-supernode")
     code = 1
@@ -38,6 +42,7 @@ def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool =
             report_joining(report_fd)
         if backoff:
             supernode_waits.install()
+            object_pulls.install(object_pulls.SUPERNODE, OBJECT_RETRY_S)
 
         sys.argv = argv
         flower_supernode()
