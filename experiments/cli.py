@@ -130,19 +130,27 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
     from experiments import api
+    from experiments.flower import spare
+    from experiments.flower.launch import default_backend
+    from experiments.flower.one_process import start_spare
     from experiments.running import command_plan, forecast, runner
 
-    strategies = args.strategies.split(",") if args.strategies else None
-    overrides = runner.parse_overrides(args.overrides)
-    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
-    validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
-    todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
-    if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
-        print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
-    if args.as_program:
-        command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
-    return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
+    try:
+        if args.as_program and args.runtime == "process":  # its imports overlap the checks (flower/spare.py)
+            start_spare(command_plan.APP_DIR, args.backend or default_backend())
+        strategies = args.strategies.split(",") if args.strategies else None
+        overrides = runner.parse_overrides(args.overrides)
+        experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+        federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
+        validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
+        todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
+        if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
+            print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
+        if args.as_program:
+            command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
+        return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
+    finally:
+        spare.release()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -159,9 +167,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
     """The second half of ``run``: the plan the first half validated and wrote."""
+    from experiments.flower import spare
     from experiments.running.command_plan import read_plan, run_plan
 
-    return run_plan(read_plan(args.plan))
+    spare.adopt()  # the one the first half started, if any
+    try:
+        return run_plan(read_plan(args.plan))
+    finally:
+        spare.release()
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOWER_PROCESSES = "experiments.flower.one_process|flower-superlink|flower-superexec|flower-supernode|flwr-clientapp|flwr-serverapp|flwr-simulation|raylet|gcs_server|ray::"
 # Every process this test session starts inherits this variable, so the check
 # below sees only our own processes, never those of other work on the machine.
+SPARE_NAME = "fedsketch-sim"  # experiments/flower/spare.py's NAME: its command line is that of the command it forked
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
 LEFTOVER_GRACE_S = 10.0
 """How long a process found at the end of a test may take to exit by itself before it counts as left behind."""
@@ -36,7 +37,9 @@ def flower_pids(since: float | None = None) -> set[int]:
     work on the machine, whenever it started.
     """
     out = subprocess.run(["pgrep", "-f", FLOWER_PROCESSES], capture_output=True, text=True, check=False)
-    return {pid for pid in map(int, out.stdout.split()) if _ours(pid) or _renamed_since(pid, since)}
+    named = subprocess.run(["pgrep", "-x", SPARE_NAME], capture_output=True, text=True, check=False)  # forked spares
+    found = set(map(int, out.stdout.split())) | set(map(int, named.stdout.split()))
+    return {pid for pid in found if _ours(pid) or _renamed_since(pid, since)}
 
 
 def uptime_s() -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.flower.launch import Federation
+from experiments.flower.one_process import SPARE_LOG
 from experiments.running import runner
 from experiments.running.command_plan import Plan, PlannedRun
 from fedsketch import runlog
@@ -102,5 +103,6 @@ def test_run_as_a_program_watches_flower_from_the_same_pid_without_torch(tmp_pat
     assert "fedavg seed 0: finished" in log.read_text()
     flower_log = (tmp_path / "default" / "fedavg" / "flower.log").read_text(errors="replace")
     assert runlog.SERVER_DONE_LOG in flower_log  # Flower was stopped only once the ServerApp's logs were all in
+    assert SPARE_LOG in flower_log  # the simulation process started before the forecast went on across the exec
     plan_file = Path(cmdline[cmdline.index(b"run-plan") + 1].decode())
     assert not plan_file.exists()

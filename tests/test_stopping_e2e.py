@@ -34,8 +34,9 @@ MARK = "FEDSKETCH_STOP_TEST_MARK"
 EXIT_WITHIN_S = 20.0  # measured 3.3-3.6 s on a busy 2-core machine: stopping waits GRACE_S = 3 s for SIGTERM
 RAY = ["gcs_server", "raylet", "ray::ClientAppActor"]
 SUPERLINK = ["flower-superlink", "flower-superexec", "flwr run", "flwr-simulation"]
-SIMULATION = ["experiments.flower.one_process", *RAY]
-"""A simulation's processes with ``--backend ray`` (and the default runtime, one process)."""
+SIMULATION = ["[fedsketch-sim]", *RAY]
+"""A first run's processes with ``--backend ray`` and the default runtime: its simulation process is the one the
+command forked before its checks (experiments/flower/spare.py, named in ``/proc/PID/comm``), then Ray's."""
 PROCESSES = {
     ("ray", "process"): SIMULATION,
     ("inprocess", "process"): SIMULATION[:1],
@@ -141,12 +142,15 @@ class Command:
 
 
 def names(pids: list[int]) -> str:
+    """Each process's name in brackets, then its command line."""
     found = []
     for pid in pids:
         try:
-            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        found.append(f"[{name}] {cmd}")
     return "\n".join(found)
 
 
@@ -264,7 +268,7 @@ def test_deploy_skips_a_strategy_on_sigusr1_and_stops_every_supernode_on_ctrl_c(
     cmd.wait_for_training("fedavg")  # the skipped run's ServerApp no longer holds the nodes
     assert stopped(tmp_path / "runs" / "dstop" / "fetchsgd")[:2] == ("skipped", "SIGUSR1")
     assert "restarted the 2 SuperNodes for the next run" in cmd.output()  # none holds a message of fetchsgd's
-    assert names(cmd.processes()).count("flwr-serverapp") == 1
+    assert sum("flwr-serverapp" in line for line in names(cmd.processes()).splitlines()) == 1
     code, seconds = cmd.signal(signal.SIGINT)
     with capsys.disabled():
         print(f"\nSIGINT to fedsketch deploy: exit code {code} after {seconds:.2f} s")

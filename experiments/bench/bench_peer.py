@@ -33,7 +33,9 @@ Python < 3.13) and point ``--pfl-python`` at it::
     python3 -m venv /work/pflvenv && /work/pflvenv/bin/pip install "pfl[pytorch]==0.6.0" torch
     python -m experiments.bench.bench_peer --runs 5 --pfl-python /work/pflvenv/bin/python --breakdown
 
-``--backends inprocess ray``: fedsketch's two simulation backends side by side.
+``--backends inprocess ray``: fedsketch's two simulation backends side by side. ``--baseline DIR``
+adds a FedAvg row run from another copy of the code (``git archive REV``), for a change's
+before and after in the same runs.
 """
 
 from __future__ import annotations
@@ -227,6 +229,11 @@ def main() -> None:
         default=APP_DIR,
         help="run the fedsketch side from this copy of the code (e.g. an earlier commit, for a baseline)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="add a FedAvg row run from this copy of the code (e.g. the commit before a change), beside --checkout's",
+    )
     args = parser.parse_args()
     if not Path(args.pfl_python).exists():
         sys.exit(f"no pfl environment at {args.pfl_python}; create it as this module's docstring says")
@@ -240,6 +247,9 @@ def main() -> None:
         for backend, runtime, n in itertools.product(args.backends, args.runtimes, args.supernodes):
             name = f"fedsketch FedAvg ({_label(n, backend, runtime)})"
             sides[name] = partial(run_fedsketch, fedavg, n, checkout=args.checkout, backend=backend, runtime=runtime)
+        if args.baseline is not None:
+            name = f"fedsketch FedAvg ({_label(args.supernodes[0], None, None)}, baseline)"
+            sides[name] = partial(run_fedsketch, fedavg, args.supernodes[0], checkout=args.baseline)
         if args.fetchsgd:
             fetch = write_experiment(folder, job, "fetchsgd")
             n, backend, runtime = args.supernodes[0], args.backends[0], args.runtimes[0]

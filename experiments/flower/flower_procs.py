@@ -21,10 +21,22 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
 from fedsketch import runlog
+
+
+class Child(Protocol):
+    """What watching and stopping a started process needs of it (``subprocess.Popen`` has it)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def free_port() -> int:
@@ -58,7 +70,7 @@ def bin_path(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+def stop_group(proc: Child, grace_s: float = 5.0) -> None:
     """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
@@ -155,6 +167,11 @@ def watch(
     """Run ``cmd`` in its own process group until it ends or the ServerApp has marked the run done; 0 then."""
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return follow(proc, log_file, finished, poll)
+
+
+def follow(proc: Child, log_file: Path, finished: Callable[[], bool], poll: Callable[[], None] | None) -> int:
+    """:func:`watch` for a process already started (in a session of its own, its logs going to ``log_file``)."""
     done = False
     try:
         for tick in itertools.count():
@@ -173,7 +190,7 @@ def watch(
     return 0 if done else int(proc.returncode or 0)
 
 
-def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+def _wait_for_line(log_file: Path, line: str, timeout_s: float, proc: Child) -> None:
     """Until ``line`` is in ``log_file`` (the ServerApp's logs have all been streamed), ``proc`` ends, or a timeout."""
     deadline = time.monotonic() + timeout_s
     needle = line.encode()

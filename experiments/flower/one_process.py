@@ -15,21 +15,26 @@ the FAB, and three processes (docs/simulation.md, "Start-up" and "Memory").
 
 Run as ``python -m experiments.flower.one_process APP_DIR RUN_CONFIG
 NUM_SUPERNODES NUM_CPUS NUM_GPUS BACKEND``; its logs go to standard output.
+``fedsketch run`` starts its first run's process earlier, forked from itself
+(:func:`start_spare`, :mod:`experiments.flower.spare`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib
 import os
 import sys
+import tempfile
 import tomllib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.flower import procs
+from experiments.flower import procs, spare
 from experiments.flower.app_files import clientapp_for
-from experiments.flower.flower_procs import flower_env, watch
+from experiments.flower.flower_procs import Child, flower_env, follow, watch
 from fedsketch import runlog
 
 if TYPE_CHECKING:
@@ -39,6 +44,10 @@ MALLOC_ARENAS = "2"
 """glibc's ``MALLOC_ARENA_MAX`` for the process, unless the environment sets one: each thread that
 allocates (the ServerApp's, the engine's workers) otherwise gets an arena of its own, which keeps
 what a round's replies freed (the peer job's FedAvg: 872 against 797 MB, docs/simulation.md)."""
+M_ARENA_MAX = -8
+"""glibc's ``mallopt`` parameter for :data:`MALLOC_ARENAS` in a process already started (the spare)."""
+SPARE_LOG = "fedsketch: this simulation process started before its run and imported Flower and the app meanwhile"
+"""The first line a spare writes to its run's log (:mod:`experiments.flower.spare`)."""
 
 
 def overrides(run_config: Path) -> dict[str, Any]:
@@ -120,8 +129,39 @@ def one_process_run(
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     home = work_dir / "flwr-home"
-    env = process_env(app_dir, home)
-    cmd = [
+    log = work_dir / "flower.log"
+    finished = partial(runlog.server_done, work_dir)
+    try:
+        child = _from_spare(app_dir, run_config, federation, log, home)
+        if child is not None:
+            return follow(child, log, finished, poll)
+        return watch(_command(app_dir, run_config, federation), process_env(app_dir, home), log, finished, poll)
+    finally:
+        procs.stop_carrying("FLWR_HOME", str(home), 0.0 if finished() else 5.0)
+
+
+def _from_spare(app_dir: Path, run_config: Path, federation: Federation, log: Path, home: Path) -> Child | None:
+    """The waiting spare, given this run, if one was started for this app and backend and takes it; else ``None``."""
+    ready = spare.take(spare_key(app_dir, federation.backend))
+    if ready is None:
+        return None
+    order = {
+        "run_config": str(run_config),
+        "log_file": str(log),
+        "environ": process_env(app_dir, home),  # what a process started for the run would get
+        "nodes": str(federation.num_supernodes),
+        "cpus": str(federation.cpus_per_client),
+        "gpus": str(federation.gpus_per_client),
+    }
+    try:
+        return ready.give(order)
+    except OSError:  # it ended between the look and the order: start one afresh
+        ready.release()
+        return None
+
+
+def _command(app_dir: Path, run_config: Path, federation: Federation) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "experiments.flower.one_process",
@@ -132,11 +172,38 @@ def one_process_run(
         str(federation.gpus_per_client),
         federation.backend,
     ]
-    finished = partial(runlog.server_done, work_dir)
-    try:
-        return watch(cmd, env, work_dir / "flower.log", finished, poll)
-    finally:
-        procs.stop_carrying("FLWR_HOME", str(home), 0.0 if finished() else 5.0)
+
+
+def spare_key(app_dir: Path, backend: str) -> list[str]:
+    """What a run must share with a spare to take it: the app, and the backend whose ClientApp it imported."""
+    return [str(app_dir), backend]
+
+
+def start_spare(app_dir: Path, backend: str) -> None:
+    """Fork a spare simulation process for ``backend``'s runs of ``app_dir`` (:mod:`experiments.flower.spare`)."""
+    import torch  # noqa: F401 -- before the fork: its pages stay shared with the spare
+
+    spare.start(spare_key(app_dir, backend), partial(_warm_up, app_dir, backend), partial(_serve, app_dir, backend))
+
+
+def _warm_up(app_dir: Path, backend: str) -> None:
+    """In the spare: this process's environment as :func:`process_env` gives a started one, and the imports
+    :func:`simulate` will make (Flower's simulation runtime, the ServerApp's and ClientApp's modules)."""
+    if "MALLOC_ARENA_MAX" not in os.environ:  # glibc read the variable at start; tell it now
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(MALLOC_ARENAS))
+    os.environ.update(process_env(app_dir, Path(tempfile.gettempdir())))  # the run's own FLWR_HOME comes with it
+    sys.path.insert(0, str(app_dir))
+    importlib.import_module("flwr.simulation.run_simulation")
+    for component in components(app_dir, backend):
+        importlib.import_module(component.split(":")[0])
+
+
+def _serve(app_dir: Path, backend: str, order: spare.Order) -> None:
+    """In the spare: the run it was given."""
+    os.environ.update(order["environ"])
+    print(SPARE_LOG, flush=True)
+    gpus, run_config = float(order["gpus"]), Path(order["run_config"])
+    simulate(app_dir, run_config, int(order["nodes"]), int(order["cpus"]), gpus, backend)
 
 
 def main(argv: list[str]) -> int:

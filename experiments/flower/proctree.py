@@ -51,6 +51,9 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("pfl", r"peer_pfl\.py"),
 )
 """Role names by a pattern of the command line; the first match wins, anything else is ``other (command)``."""
+NAMED = {"fedsketch-sim": "Flower simulation in one process (ServerApp; ClientApp in-process or Ray driver)"}
+"""Role names by process name, before the command line: a process forked from another keeps its command line
+(:data:`experiments.flower.spare.NAME`)."""
 
 
 def tag_env(env: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
@@ -80,8 +83,11 @@ def role(pid: int) -> str:
     """What the process is, from its command line (Ray renames its workers ``ray::...``)."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "gone"
+    if name in NAMED:
+        return NAMED[name]
     for name, pattern in ROLES:
         if re.search(pattern, cmd):
             return name

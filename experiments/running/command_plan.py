@@ -100,9 +100,12 @@ _ENTRY = "import sys; sys.path.insert(0, sys.argv.pop(1)); from experiments.cli 
 
 def exec_run_plan(plan: Plan) -> NoReturn:
     """Write ``plan`` to a file and replace this process with ``fedsketch run-plan FILE`` (same pid)."""
+    from experiments.flower import spare
+
     fd, path = tempfile.mkstemp(prefix="fedsketch-plan-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(plan.to_json())
+    spare.hand_over()  # the spare simulation process, if one was started, goes on with the same pid
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-c", _ENTRY, str(APP_DIR), RUN_PLAN, path])
@@ -118,12 +121,15 @@ def read_plan(path: Path) -> Plan:
 
 def run_plan(validated: Plan) -> int:
     """Execute the plan's runs one by one with a progress display; then the outcomes, plots and report."""
+    from experiments.flower import spare
     from experiments.flower.launch import simulate
     from experiments.running import runner, stopping
     from experiments.running.progress import RunWatcher, make_progress
     from fedsketch import runlog
 
     with stopping.Invocation("run") as invocation, make_progress() as progress:
+        if (pid := spare.waiting_pid()) is not None:  # forked before the token existed: stopped by its pid
+            invocation.track(pid)
 
         def execute(run: PlannedRun, path: Path) -> int:
             watcher = RunWatcher(progress, runner.describe(run), path, run.num_rounds)

@@ -80,13 +80,16 @@ def state_dir() -> Path:
     return Path(base) / "fedsketch"
 
 
-def stop_token(token: str, grace_s: float = GRACE_S, first: int = signal.SIGTERM) -> int:
-    """SIGTERM every process carrying ``token``, SIGKILL those left after ``grace_s``; returns how many there were.
+def stop_token(
+    token: str, grace_s: float = GRACE_S, first: int = signal.SIGTERM, also: procs.Seen | None = None
+) -> int:
+    """SIGTERM every process carrying ``token`` (and those in ``also``, with what they started), SIGKILL those
+    left after ``grace_s``; returns how many there were.
 
     Returns once none is left (``first=SIGKILL``: kill at once). A process once
     found stays tracked until it is gone (:func:`experiments.flower.procs.carrying`).
     """
-    return procs.stop_carrying(TOKEN_VAR, token, grace_s, first)
+    return procs.stop_carrying(TOKEN_VAR, token, grace_s, first, seen=dict(also or {}))
 
 
 def checked(poll: Callable[[], None]) -> Callable[[], None]:
@@ -140,6 +143,7 @@ class Invocation:
         self.run: tuple[Path, int] | None = None
         self._handlers: dict[int, Any] = {}
         self._env: str | None = None
+        self.also: procs.Seen = {}
 
     def __enter__(self) -> Self:
         global _active
@@ -155,7 +159,7 @@ class Invocation:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         global _active
         try:
-            stop_token(self.token, self.grace_s)
+            stop_token(self.token, self.grace_s, also=self.also)
         finally:
             for sig, handler in self._handlers.items():
                 signal.signal(sig, handler)
@@ -165,6 +169,12 @@ class Invocation:
                 os.environ[TOKEN_VAR] = self._env
             self.entry.unlink(missing_ok=True)
             _active = None
+
+    def track(self, pid: int) -> None:
+        """Stop ``pid`` (and what it starts) with this command's processes though it does not carry the token: a
+        process forked before the command had one (:mod:`experiments.flower.spare`)."""
+        self.also[pid] = procs.start_time(pid)
+        self._save()
 
     def start_run(self, path: Path, num_rounds: int) -> None:
         """Remember the current run, here and in the record; a skip asked for before it started is dropped."""
@@ -187,7 +197,7 @@ class Invocation:
             self._force()
         self.stopped_by = Interrupted(signum)
         _say(f"fedsketch: {self.stopped_by.cause}: stopping every process this command started (again to force)")
-        stop_token(self.token, self.grace_s)
+        stop_token(self.token, self.grace_s, also=self.also)
         raise self.stopped_by
 
     def _on_skip(self, signum: int, frame: FrameType | None) -> None:
@@ -197,7 +207,7 @@ class Invocation:
     def _force(self) -> None:
         """SIGKILL every process at once, mark the current run, and exit now."""
         assert self.stopped_by is not None
-        stop_token(self.token, grace_s=0.0, first=signal.SIGKILL)
+        stop_token(self.token, grace_s=0.0, first=signal.SIGKILL, also=self.also)
         if self.run is not None:
             record(*self.run, self.stopped_by)
         self.entry.unlink(missing_ok=True)
@@ -212,6 +222,7 @@ class Invocation:
             "pid-start": procs.start_time(os.getpid()),
             "command": self.command,
             "run": run,
+            "also": {str(pid): start for pid, start in self.also.items()},
         }
         self.entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.entry.with_suffix(".tmp")
@@ -234,7 +245,8 @@ def reap(records: Path, grace_s: float = GRACE_S) -> list[str]:
             continue
         if procs.start_time(entry["pid"]) == entry["pid-start"]:
             continue  # still running (or another live command): not ours to stop
-        count = stop_token(entry["token"], grace_s)
+        also = {int(pid): start for pid, start in entry.get("also", {}).items()}
+        count = stop_token(entry["token"], grace_s, also=also)
         note = ""
         if entry.get("run") and Path(entry["run"][0]).is_dir():
             path, num_rounds = Path(entry["run"][0]), int(entry["run"][1])
