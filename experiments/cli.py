@@ -131,13 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
     from experiments import api
     from experiments.flower import spare
-    from experiments.flower.launch import default_backend
-    from experiments.flower.one_process import start_spare
     from experiments.running import command_plan, forecast, runner
 
     try:
-        if args.as_program and args.runtime == "process":  # its imports overlap the checks (flower/spare.py)
-            start_spare(command_plan.APP_DIR, args.backend or default_backend())
+        if args.as_program:  # the first run's simulation process, importing while this one checks (flower/spare.py)
+            command_plan.start_spare(args.backend, args.runtime)
         strategies = args.strategies.split(",") if args.strategies else None
         overrides = runner.parse_overrides(args.overrides)
         experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
@@ -167,14 +165,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
     """The second half of ``run``: the plan the first half validated and wrote."""
-    from experiments.flower import spare
-    from experiments.running.command_plan import read_plan, run_plan
+    from experiments.running.command_plan import run_plan_file
 
-    spare.adopt()  # the one the first half started, if any
-    try:
-        return run_plan(read_plan(args.plan))
-    finally:
-        spare.release()
+    return run_plan_file(args.plan)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

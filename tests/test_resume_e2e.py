@@ -67,12 +67,15 @@ def final_weights(path: Path) -> torch.Tensor:
 
 
 def kill_everything(proc: subprocess.Popen[bytes], flwr_home: Path) -> None:
-    """SIGKILL, no grace: the CLI's group, then every process of the run's private Flower home.
+    """SIGKILL, no grace: the CLI's group, then every process of the run's private Flower home and every
+    process the CLI started.
 
     Ray's agents rename themselves and no longer show ``FLWR_HOME`` in ``/proc``: they are found
-    as children of the raylet before it goes (:func:`experiments.flower.procs.carrying`).
+    as children of the raylet before it goes (:func:`experiments.flower.procs.carrying`). The
+    simulation process the CLI forked before its run (experiments/flower/spare.py) carries the CLI's
+    environment, not the run's: it is found as the CLI's child.
     """
-    seen: procs.Seen = {}
+    seen: procs.Seen = {pid: procs.start_time(pid) for pid in procs.descendants({proc.pid})}
     procs.carrying("FLWR_HOME", str(flwr_home), seen)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)

@@ -111,6 +111,26 @@ def exec_run_plan(plan: Plan) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-c", _ENTRY, str(APP_DIR), RUN_PLAN, path])
 
 
+def start_spare(backend: str | None, runtime: str) -> None:
+    """Fork the first run's simulation process now, if runs go through one process (:mod:`experiments.flower.spare`)."""
+    from experiments.flower.launch import default_backend
+    from experiments.flower.one_process import start_spare as fork_spare
+
+    if runtime == "process":
+        fork_spare(APP_DIR, backend or default_backend())
+
+
+def run_plan_file(path: Path) -> int:
+    """``run-plan PLAN``: the plan :func:`exec_run_plan` wrote, with the spare the first half started, if any."""
+    from experiments.flower import spare
+
+    spare.adopt()
+    try:
+        return run_plan(read_plan(path))
+    finally:
+        spare.release()
+
+
 def read_plan(path: Path) -> Plan:
     """The plan :func:`exec_run_plan` wrote; the file is removed once read."""
     try:
