@@ -71,12 +71,18 @@ def bin_path(name: str) -> str:
 
 
 def stop_group(proc: Child, grace_s: float = 5.0) -> None:
-    """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``."""
+    """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``.
+
+    A child forked an instant ago may not lead its group yet (before its ``setsid``): then the process itself.
+    """
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                return
         try:
             proc.wait(timeout=wait)
             return

@@ -27,6 +27,7 @@ from experiments.flower import procs
 
 TAG = "FEDSKETCH_MEASURE_TAG"
 
+ONE_PROCESS = "Flower simulation in one process (ServerApp; ClientApp in-process or Ray driver)"
 ROLES: tuple[tuple[str, str], ...] = (
     ("fedsketch CLI", r"experiments\.cli|bin/fedsketch"),
     ("pre-run check", r"experiments\.preflight"),
@@ -35,10 +36,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("SuperLink", r"flower-superlink"),
     ("SuperExec", r"flower-superexec"),
     ("flwr-simulation (ServerApp; ClientApp in-process or Ray driver)", r"flwr-simulation"),
-    (
-        "Flower simulation in one process (ServerApp; ClientApp in-process or Ray driver)",
-        r"experiments\.flower\.one_process",
-    ),
+    (ONE_PROCESS, r"experiments\.flower\.one_process"),
     ("Ray GCS", r"gcs_server"),
     ("Ray raylet", r"raylet/raylet"),
     ("Ray dashboard agent", r"dashboard/agent\.py|^ray::DashboardAgent"),
@@ -51,7 +49,7 @@ ROLES: tuple[tuple[str, str], ...] = (
     ("pfl", r"peer_pfl\.py"),
 )
 """Role names by a pattern of the command line; the first match wins, anything else is ``other (command)``."""
-NAMED = {"fedsketch-sim": "Flower simulation in one process (ServerApp; ClientApp in-process or Ray driver)"}
+NAMED = {"fedsketch-sim": ONE_PROCESS}
 """Role names by process name, before the command line: a process forked from another keeps its command line
 (:data:`experiments.flower.spare.NAME`)."""
 

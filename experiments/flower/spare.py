@@ -10,7 +10,7 @@ forecasts, then waits on a pipe for its run. torch's pages stay shared between
 the two until the command replaces itself, so the overlap costs little memory
 (a second process importing torch afresh would hold its own 290 MB).
 :func:`take` hands the child to the first run of the same backend, which writes
-the run (its settings file, log file, ``FLWR_HOME`` and the federation) down the
+the run (its settings file, log file, environment and federation) down the
 pipe. A spare nobody takes reads the end of its input and exits: when the
 command fails, finds nothing to run, or ends, the pipe closes with it, and
 :func:`release` stops it.
@@ -26,7 +26,6 @@ import ctypes
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from experiments.flower.flower_procs import Child
+from experiments.flower.flower_procs import Child, stop_group
 
 NAME = "fedsketch-sim"
 """The spare's process name (``/proc/PID/comm``, what ``ps`` and ``pgrep`` show); its command line is the command's."""
@@ -96,19 +95,7 @@ class Spare:
             os.close(self.order_fd)
         except OSError:
             pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:  # its group once it has one (setsid); the process itself in the instant before
-                os.killpg(self.child.pid, sig)
-            except ProcessLookupError:
-                try:
-                    os.kill(self.child.pid, sig)
-                except ProcessLookupError:
-                    pass
-            try:
-                self.child.wait(timeout=2.0)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(self.child, grace_s=2.0)
 
 
 _waiting: Spare | None = None
