@@ -4,7 +4,11 @@
 #      cut at BUDGET seconds; rounds.jsonl stamps each round's end, so a cut run still says how far it got;
 #   2. the suite's GPU tests (pytest -m gpu; TEST_BUDGET=0 leaves them out);
 #   3. with LOOP_ROUNDS > 0, the plain loop (bench_sim.plain_loop: no Flower, no billing), client-batching 100;
-#   4. Flower with one client at a time, for SINGLE_ROUNDS rounds (0 leaves it out): what batching buys.
+#   4. Flower with one client at a time, for SINGLE_ROUNDS rounds (0 leaves it out): what batching buys;
+#   5. with ONE_NODE_ROUNDS > 0, Flower with client-batching 100 on one simulated node (one cohort a round).
+# NODES sets the simulated nodes of run 1 (default 2). With PROFILE=1 and py-spy on the PATH, run 1 runs under
+# py-spy (every thread of every process, 40 samples a second) into $OUT/profile_batched.txt, and
+# experiments/bench/profile_split.py prints where its time went.
 # Where flwr is not installed, wheels saved in .whl/ are installed first (the machine has no network).
 #   bash experiments/bench/gpu_check.sh            # OUT=folder for the logs (default /tmp/gpu-check)
 set -u -o pipefail
@@ -12,6 +16,7 @@ OUT=${OUT:-/tmp/gpu-check}
 ROUNDS=${ROUNDS:-2400}
 BUDGET=${BUDGET:-450}
 SINGLE_ROUNDS=${SINGLE_ROUNDS:-20}
+NODES=${NODES:-2}
 RUNS=${RUNS:-/tmp/paper-runs}
 EXTRA=${EXTRA:-}  # e.g. --small, to rehearse the script on a CPU
 mkdir -p "$OUT"
@@ -53,9 +58,14 @@ stop_flower() { pkill -f flower-superlink; pkill -f flwr-simulation; sleep 1; }
 
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader,nounits -l 2 >"$OUT/gpu_samples.txt" 2>/dev/null &
 sampler=$!
+profiler=()
+if [ "${PROFILE:-0}" = 1 ] && command -v py-spy >/dev/null; then
+    profiler=(py-spy record -s -r 40 -f raw -o "$OUT/profile_batched.txt" --)
+fi
 start=$SECONDS
-timeout -k 15 "$BUDGET" python3 -m experiments.bench.bench_paper --rounds "$ROUNDS" --batching 100 --no-loop $EXTRA \
-    --keep "$RUNS/batched" 2>&1 | tee "$OUT/paper_batched.log"
+# SIGINT first: py-spy writes what it sampled when interrupted
+timeout -s INT -k 20 "$BUDGET" "${profiler[@]}" python3 -m experiments.bench.bench_paper --rounds "$ROUNDS" --batching 100 \
+    --no-loop --supernodes "$NODES" $EXTRA --keep "$RUNS/batched" 2>&1 | tee "$OUT/paper_batched.log"
 echo "batched run: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$OUT/paper_batched.log"
 stop_flower
 log=$(find "$RUNS/batched" -name rounds.jsonl | head -1)
@@ -64,6 +74,15 @@ flog=$(find "$RUNS/batched" -name flower.log | head -1)
 [ -n "$flog" ] && { echo "--- flower.log: fallbacks $(grep -c 'vectorized call failed' "$flog"), last lines:"; tail -25 "$flog"; } >>"$OUT/paper_batched.log"
 metrics=$(find "$RUNS/batched" -name metrics.jsonl | head -1)
 [ -n "$metrics" ] && cp "$metrics" "$OUT/metrics_batched.jsonl"
+[ -s "$OUT/profile_batched.txt" ] && python3 -m experiments.bench.profile_split "$OUT/profile_batched.txt" | tee "$OUT/profile_split.txt"
+
+if [ "${ONE_NODE_ROUNDS:-0}" -gt 0 ]; then  # one cohort of 100 a round: what a second node's thread costs or buys
+    timeout -k 15 "${ONE_NODE_BUDGET:-90}" python3 -m experiments.bench.bench_paper --rounds "$ONE_NODE_ROUNDS" \
+        --batching 100 --no-loop --supernodes 1 $EXTRA --keep "$RUNS/one-node" 2>&1 | tail -4 | tee "$OUT/paper_one_node.log"
+    stop_flower
+    log=$(find "$RUNS/one-node" -name rounds.jsonl | head -1)
+    [ -n "$log" ] && summary "$log" "client-batching 100, one node" | tee -a "$OUT/summary.txt"
+fi
 
 [ "${TEST_BUDGET:-45}" -gt 0 ] && timeout -k 5 "${TEST_BUDGET:-45}" python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/test_data_femnist.py 2>&1 | tail -6 | tee "$OUT/gpu_tests.log"
 
