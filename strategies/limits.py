@@ -7,13 +7,15 @@ client controls all three independently. ``Array.numpy()`` hands the bytes to
 reading the data, so a 100-byte reply claiming ``float64[10**12]`` would ask for
 8 TB. :func:`checked_array` instead bounds the bytes first, parses the header
 with numpy's own reader, requires header, declared metadata and byte count to
-agree, and only then copies the data out.
+agree, and only then reads the data in place: the array it returns is a
+read-only view of the bytes, which live as long as it does.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,10 @@ from fedsketch.methods.method import Layout
 
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned ints, floats: what payloads are made of
 MAX_HEADER = 4096  # an honest .npy header of a plain array is 128 bytes
+# The server reads decoded payloads and never writes them (screening makes new arrays), so torch's
+# one-time warning, when such a read-only view becomes a tensor, that the tensor could write it says
+# nothing here; the view saves a copy of every upload (docs/simulation.md, "The paper's CIFAR-10 shape").
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 MAX_ABS = 1e20
 """No float a client sends may exceed this in magnitude. Training that produces
 such values has diverged already; below it, a round's sum over clients and its
@@ -94,7 +100,7 @@ def checked_payload(record: object, max_bytes: int, max_arrays: int) -> dict[str
 
 
 def checked_array(name: str, arr: Array) -> np.ndarray:
-    """Decode one ``Array`` whose bytes are already bounded; never allocates more than they hold.
+    """Decode one ``Array`` whose bytes are already bounded: a read-only view of them (copied only if misaligned).
 
     Raises
     ------
@@ -130,7 +136,8 @@ def checked_array(name: str, arr: Array) -> np.ndarray:
         raise ValueError(
             f"array '{name}' has {len(data) - buf.tell()} data bytes; its header says {count * dtype.itemsize}"
         )
-    return np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape).copy()
+    view = np.frombuffer(data, dtype=dtype, count=count, offset=buf.tell()).reshape(shape)
+    return view if view.flags.aligned else view.copy()  # a header of an odd length misaligns the data
 
 
 class _Reads(Mapping[str, np.ndarray]):
