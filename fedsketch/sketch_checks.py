@@ -26,6 +26,16 @@ def int_arg(name: str, value: object, low: int = 1) -> int:
     return number
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether tensors on ``a`` and ``b`` share a device: one named without an index (``cuda``) is
+    that type's current one (``cuda:0``, where tensors made on ``cuda`` land)."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        return torch.empty(0, device=a).device == torch.empty(0, device=b).device
+    return a.index == b.index
+
+
 def check_finite(name: str, tensor: torch.Tensor) -> None:
     """Refuse NaN and Inf without a d-sized temporary in the common case.
 
@@ -61,7 +71,7 @@ def check_vector(name: str, vec: torch.Tensor, length: int, device: torch.device
         raise ValueError(f"{name} has length {vec.numel()}; expected {length}")
     if not vec.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor; got {vec.dtype}")
-    if vec.device != device:
+    if not same_device(vec.device, device):
         raise ValueError(f"{name} is on {vec.device} but the sketch is on {device}")
     check_finite(name, vec)
     return vec.detach()
@@ -75,7 +85,7 @@ def check_indices(indices: torch.Tensor, d: int, device: torch.device) -> torch.
         raise TypeError(f"indices must be an integer tensor; got {indices.dtype}")
     if indices.dim() != 1:
         raise ValueError(f"indices must be 1-D; got shape {tuple(indices.shape)}")
-    if indices.device != device:
+    if not same_device(indices.device, device):
         raise ValueError(f"indices are on {indices.device} but the sketch is on {device}")
     indices = indices.long()
     if indices.numel():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedsketch._hashing import SERIAL_OP
-from fedsketch.sketch_checks import DTYPES, check_finite, check_indices, check_table, check_vector, int_arg
+from fedsketch.sketch_checks import DTYPES, check_finite, check_indices, check_table, check_vector, int_arg, same_device
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 
@@ -192,3 +192,15 @@ def test_a_cuda_vector_is_checked_in_one_piece() -> None:
     with pytest.raises(ValueError, match="^vec contains NaN or Inf$"):
         check_finite("vec", torch.tensor([0.0, float("nan")], device=cuda))
     assert torch.equal(check_vector("vec", torch.ones(4, device=cuda), 4, cuda).cpu(), torch.ones(4))
+
+
+def test_a_device_named_without_an_index_is_the_one_tensors_land_on() -> None:
+    assert same_device(CPU, torch.device("cpu", 0)) and same_device(torch.device("cpu", 0), CPU)
+    assert same_device(META, META) and not same_device(CPU, META) and not same_device(META, CPU)
+    assert same_device(torch.device("cpu", 0), torch.device("cpu", 0))
+    assert not same_device(torch.device("cpu", 0), torch.device("cpu", 1))
+    ones = torch.ones(3)
+    assert torch.equal(check_vector("vec", ones, 3, torch.device("cpu", 0)), ones)
+    assert torch.equal(check_indices(torch.tensor([0, 2]), 3, torch.device("cpu", 0)), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="^vec is on cpu but the sketch is on meta$"):
+        check_vector("vec", ones, 3, META)
