@@ -105,10 +105,45 @@ def run_cohort(cfg: RunConfig, weights: np.ndarray, jobs: list[ClientJob]) -> li
         cids = [job.cid for job in chunk]
         if cfg.client_batching:
             local = _vectorized_results(cfg, w, cids, chunk[0].server_round)
+            outcomes.extend(_finish_chunk(cfg, chunk, local))
         else:
             local = {job.cid: _one_result(cfg, model, w, job.cid, job.server_round) for job in chunk}
-        outcomes.extend(_finish(cfg, job, local[job.cid]) for job in chunk)
+            outcomes.extend(_finish(cfg, job, local[job.cid]) for job in chunk)
     return outcomes
+
+
+def _finish_chunk(cfg: RunConfig, jobs: list[ClientJob], local: dict[int, _Local]) -> list[ClientOutcome]:
+    """A vectorized chunk's payloads: in one call where the method encodes many at once, each client
+    charged an equal share of it; one at a time otherwise, or should that call fail (so a failure
+    stays with the client that caused it)."""
+    encode_many = get_method(cfg.strategy).client.encode_many
+    ready = [job for job in jobs if local[job.cid].result is not None]
+    if encode_many is None or len(ready) < 2 or cfg.diagnose_sketch:
+        return [_finish(cfg, job, local[job.cid]) for job in jobs]
+    start = time.perf_counter()
+    try:
+        encoded = encode_many([_update(local[job.cid]) for job in ready], ready, cfg)
+    except Exception as exc:  # noqa: BLE001 -- one at a time instead: each failure its client's own
+        LOG.warning(
+            "client-batching: the batched encode failed (%s: %s); one client at a time", type(exc).__name__, exc
+        )
+        return [_finish(cfg, job, local[job.cid]) for job in jobs]
+    share = (time.perf_counter() - start) / len(ready)
+    done = {job.cid: code for job, code in zip(ready, encoded, strict=True)}
+    outcomes = []
+    for job in jobs:
+        result = local[job.cid].result
+        if job.cid in done and result is not None:
+            outcomes.append(_outcome(cfg, job.cid, result, *done[job.cid], local[job.cid].seconds + share))
+        else:
+            outcomes.append(_finish(cfg, job, local[job.cid]))
+    return outcomes
+
+
+def _update(local: _Local) -> torch.Tensor:
+    if local.result is None:
+        raise ValueError(local.error or "no local result")
+    return local.result.update
 
 
 def _finish(cfg: RunConfig, job: ClientJob, local: _Local) -> ClientOutcome:
@@ -121,12 +156,18 @@ def _finish(cfg: RunConfig, job: ClientJob, local: _Local) -> ClientOutcome:
         payload, state = get_method(cfg.strategy).client.encode(result.update, job, cfg)
     except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
         return ClientOutcome(job.cid, None, error=f"{type(exc).__name__}: {exc}")
-    elapsed = local.seconds + time.perf_counter() - start
+    return _outcome(cfg, job.cid, result, payload, state, local.seconds + time.perf_counter() - start)
+
+
+def _outcome(
+    cfg: RunConfig, cid: int, result: LocalResult, payload: Payload, state: State, seconds: float
+) -> ClientOutcome:
+    """A client's outcome from its local result and its encoded payload and new state."""
     if state:
         state = {**state, EXAMPLES: torch.tensor([float(result.num_examples)])}
     diagnostic = _dense_copy(result.update) if cfg.diagnose_sketch else None
     return ClientOutcome(
-        job.cid, payload, result.num_examples, result.loss, elapsed, state=state or None, diagnostic=diagnostic
+        cid, payload, result.num_examples, result.loss, seconds, state=state or None, diagnostic=diagnostic
     )
 
 

@@ -38,6 +38,7 @@ from fedsketch.methods.method import (
 )
 from fedsketch.setting import Setting
 from fedsketch.sketch import CountSketch
+from fedsketch.sketch_batch import sketch_tables
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -94,6 +95,23 @@ def encode(update: torch.Tensor, job: ClientJob, cfg: RunConfig) -> tuple[Payloa
     )
     sketch.accumulate(update)
     return {"table": sketch.table.cpu().numpy()}, {}
+
+
+def encode_many(updates: list[torch.Tensor], jobs: list[ClientJob], cfg: RunConfig) -> list[tuple[Payload, State]]:
+    """:func:`encode` for a chunk of clients: on a GPU their tables at once (:func:`encode_together`); on a
+    CPU one client at a time (its windowed loops are its fast path, and the sums are the same)."""
+    rc = jobs[0].round_config
+    if updates[0].device.type == "cpu" or any(job.round_config != rc for job in jobs):
+        return [encode(update, job, cfg) for update, job in zip(updates, jobs, strict=True)]
+    return encode_together(updates, rc)
+
+
+def encode_together(updates: list[torch.Tensor], rc: dict[str, int]) -> list[tuple[Payload, State]]:
+    """Each update's table under one round config, sketched together (:func:`sketch_tables`) and copied to
+    the host one by one (one copy of them all took fresh host memory every round, which cost more than
+    the batched kernels saved: docs/simulation.md)."""
+    tables = sketch_tables(torch.stack(updates), rc["sketch-rows"], rc["sketch-cols"], rc["sketch-seed"])
+    return [({"table": table.cpu().numpy()}, {}) for table in tables]
 
 
 def layout(cfg: RunConfig, d: int, server_round: int = 0) -> PayloadSpec:
@@ -171,7 +189,7 @@ def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
 METHOD = Method(
     name="fetchsgd",
     docs=Docs("Count Sketch of the gradient", "none (server)", "Rothchild et al., ICML 2020"),
-    client=Client(encode),
+    client=Client(encode, encode_many=encode_many),
     server=Server(init, step, report=report),
     wire=Wire(layout, round_config, diagnostic),
     privacy=Privacy(linear=True, norm=norm, sensitivity=sensitivity),

@@ -95,6 +95,7 @@ class Round:
 
 ServerState = Any  # each method's own frozen dataclass of tensors
 Encoder = Callable[[torch.Tensor, ClientJob, "RunConfig"], tuple[Payload, State]]
+BatchEncoder = Callable[[list[torch.Tensor], list[ClientJob], "RunConfig"], list[tuple[Payload, State]]]
 
 
 def no_round_config(cfg: RunConfig) -> dict[str, int]:
@@ -163,13 +164,15 @@ class Client:
     of length d it keeps between rounds (0: stateless); ``commit``: when its new state counts as
     applied, once its upload was used in an applied round (``"upload"``) or only once it also
     answered the round's second exchange (``"answer"``); until then it is pending
-    (:mod:`fedsketch.client_state`).
+    (:mod:`fedsketch.client_state`). ``encode_many(updates, jobs, cfg)``, optional: ``encode`` for
+    each of a chunk of ``client-batching`` clients, computed together (:mod:`fedsketch.cohort`).
     """
 
     encode: Encoder
     answer: Callable[[State, Payload, RunConfig], tuple[Payload, State | None]] | None = None
     state_vectors: Callable[[RunConfig], int] = stateless
     commit: str = "upload"
+    encode_many: BatchEncoder | None = None
 
 
 @dataclass(frozen=True)
