@@ -40,10 +40,17 @@ def test_the_tables_equal_each_vectors_own_sketch(d: int, rows: int, cols: int) 
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_blocks_smaller_than_a_chunk_of_every_vector_still_cover_every_coordinate(monkeypatch) -> None:
-    monkeypatch.setattr(sketch_batch, "BATCH_BLOCK", 1)  # one chunk a block: many blocks, the last one padded
-    vecs = torch.randn(3, 100_003, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(sketch_tables(vecs, 5, 50_000, 3), one_by_one(vecs, 5, 50_000, 3), rtol=1e-5, atol=1e-4)
+# one chunk a block, the last one padded; then 3 chunks a block (3 vectors x 2 rows x 64) over 4,688
+# chunks of 64, more than one span of HASH_SPAN chunks hashed at once
+@pytest.mark.parametrize(("d", "rows", "cols", "block"), [(100_003, 5, 50_000, 1), (300_001, 2, 64, 1_152)])
+def test_small_blocks_and_several_hash_spans_still_cover_every_coordinate(
+    monkeypatch: pytest.MonkeyPatch, d: int, rows: int, cols: int, block: int
+) -> None:
+    monkeypatch.setattr(sketch_batch, "BATCH_BLOCK", block)
+    vecs = torch.randn(3, d, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(
+        sketch_tables(vecs, rows, cols, 3), one_by_one(vecs, rows, cols, 3), rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
@@ -95,9 +102,10 @@ def small_cfg(**over: object) -> RunConfig:
 
 
 def test_encode_many_on_a_cpu_is_encode_for_each_client() -> None:
-    cfg = small_cfg()
+    # 3,000 columns: the CPU's windowed loops, whose sums the batched blocks match only to rounding
+    cfg = small_cfg(**{"sketch-cols": 3_000})
     rc = fetchsgd_method.round_config(cfg)
-    updates = [torch.randn(777, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    updates = [torch.randn(20_011, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     jobs = [ClientJob(i, 1, rc) for i in range(3)]
     many = get_method("fetchsgd").client.encode_many
     assert many is not None

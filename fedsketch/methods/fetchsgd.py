@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -106,7 +107,7 @@ def encode_many(updates: list[torch.Tensor], jobs: list[ClientJob], cfg: RunConf
     return encode_together(updates, rc)
 
 
-def encode_together(updates: list[torch.Tensor], rc: dict[str, int]) -> list[tuple[Payload, State]]:
+def encode_together(updates: list[torch.Tensor], rc: Mapping[str, int]) -> list[tuple[Payload, State]]:
     """Each update's table under one round config, sketched together (:func:`sketch_tables`) and copied to
     the host one by one (one copy of them all took fresh host memory every round, which cost more than
     the batched kernels saved: docs/simulation.md)."""
