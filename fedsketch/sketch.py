@@ -24,8 +24,8 @@ from typing import Self
 import torch
 
 from fedsketch._estimates import estimate_at, estimate_blocks, median_of_rows, sample_threshold, survivors
-from fedsketch._hashing import MAX_COLS, TabulationHash, accumulate_dense, pieces
-from fedsketch.sketch_checks import DTYPES, check_indices, check_table, check_vector, int_arg
+from fedsketch._hashing import TabulationHash, accumulate_dense, pieces
+from fedsketch.sketch_checks import DTYPES, check_indices, check_table, check_vector, sketch_shape
 
 
 class CountSketch:
@@ -56,16 +56,7 @@ class CountSketch:
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        d, rows, cols, seed = (
-            int_arg("d", d),
-            int_arg("rows", rows),
-            int_arg("cols", cols),
-            int_arg("seed", seed, 0),
-        )
-        if cols > MAX_COLS:
-            raise ValueError(f"cols must be at most 2**30; got {cols}")
-        if seed >= 2**64:
-            raise ValueError(f"seed must be below 2**64 (it is mixed as a 64-bit integer); got {seed}")
+        d, rows, cols, seed = sketch_shape(d, rows, cols, seed)
         if dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {DTYPES}; got {dtype}")
         table = torch.zeros(rows, cols, dtype=dtype, device=device)

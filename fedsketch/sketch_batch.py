@@ -14,8 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from fedsketch._hashing import HASH_SPAN, TabulationHash
-from fedsketch.sketch import CountSketch
-from fedsketch.sketch_checks import check_finite
+from fedsketch.sketch_checks import check_finite, sketch_shape
 
 
 def sketch_tables(vecs: torch.Tensor, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -28,12 +27,12 @@ def sketch_tables(vecs: torch.Tensor, rows: int, cols: int, seed: int) -> torch.
     ------
     ValueError
         If ``vecs`` is not a 2-D floating-point tensor, or holds NaN or Inf; and what
-        :class:`CountSketch` raises for the shape and seed.
+        :func:`fedsketch.sketch_checks.sketch_shape` raises for the shape and seed.
     """
     if not isinstance(vecs, torch.Tensor) or vecs.dim() != 2 or not vecs.is_floating_point():
         raise ValueError(f"vecs must be a 2-D floating-point tensor; got {getattr(vecs, 'shape', type(vecs))}")
     n, d = vecs.shape
-    CountSketch(d, rows, cols, seed, device=vecs.device)  # refuses a bad shape or seed as every sketch does
+    d, rows, cols, seed = sketch_shape(d, rows, cols, seed)  # refused as every sketch refuses them
     hashes = TabulationHash.build(seed, d, rows, cols, vecs.device)
     check_finite("vecs", vecs)
     tables = torch.zeros(n, hashes.rows, hashes.cols, device=vecs.device)

@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from fedsketch._hashing import SERIAL_OP
+from fedsketch._hashing import MAX_COLS, SERIAL_OP
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -24,6 +24,17 @@ def int_arg(name: str, value: object, low: int = 1) -> int:
     if number < low:
         raise ValueError(f"{name} must be {'positive' if low == 1 else 'non-negative'}; got {number}")
     return number
+
+
+def sketch_shape(d: object, rows: object, cols: object, seed: object) -> tuple[int, int, int, int]:
+    """``(d, rows, cols, seed)`` as ints, if a sketch can have them: positive sizes, at most 2**30
+    columns, a seed in ``[0, 2**64)`` (it is mixed as a 64-bit integer)."""
+    d, rows, cols, seed = int_arg("d", d), int_arg("rows", rows), int_arg("cols", cols), int_arg("seed", seed, 0)
+    if cols > MAX_COLS:
+        raise ValueError(f"cols must be at most 2**30; got {cols}")
+    if seed >= 2**64:
+        raise ValueError(f"seed must be below 2**64 (it is mixed as a 64-bit integer); got {seed}")
+    return d, rows, cols, seed
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
