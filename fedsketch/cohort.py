@@ -116,34 +116,35 @@ def _finish_chunk(cfg: RunConfig, jobs: list[ClientJob], local: dict[int, _Local
     """A vectorized chunk's payloads: in one call where the method encodes many at once, each client
     charged an equal share of it; one at a time otherwise, or should that call fail (so a failure
     stays with the client that caused it)."""
+    encoded = _encode_together(cfg, jobs, local)
+    return [
+        _outcome(cfg, job.cid, *encoded[job.cid]) if job.cid in encoded else _finish(cfg, job, local[job.cid])
+        for job in jobs
+    ]
+
+
+def _encode_together(
+    cfg: RunConfig, jobs: list[ClientJob], local: dict[int, _Local]
+) -> dict[int, tuple[LocalResult, Payload, State, float]]:
+    """Per client with a result: its result, payload, new state and seconds, from one ``encode_many`` call;
+    empty where the method has none, fewer than two clients have a result, or the call fails."""
     encode_many = get_method(cfg.strategy).client.encode_many
-    ready = [job for job in jobs if local[job.cid].result is not None]
+    ready = {job.cid: (job, result) for job in jobs if (result := local[job.cid].result) is not None}
     if encode_many is None or len(ready) < 2 or cfg.diagnose_sketch:
-        return [_finish(cfg, job, local[job.cid]) for job in jobs]
+        return {}
     start = time.perf_counter()
     try:
-        encoded = encode_many([_update(local[job.cid]) for job in ready], ready, cfg)
+        encoded = encode_many([r.update for _, r in ready.values()], [job for job, _ in ready.values()], cfg)
     except Exception as exc:  # noqa: BLE001 -- one at a time instead: each failure its client's own
         LOG.warning(
             "client-batching: the batched encode failed (%s: %s); one client at a time", type(exc).__name__, exc
         )
-        return [_finish(cfg, job, local[job.cid]) for job in jobs]
+        return {}
     share = (time.perf_counter() - start) / len(ready)
-    done = {job.cid: code for job, code in zip(ready, encoded, strict=True)}
-    outcomes = []
-    for job in jobs:
-        result = local[job.cid].result
-        if job.cid in done and result is not None:
-            outcomes.append(_outcome(cfg, job.cid, result, *done[job.cid], local[job.cid].seconds + share))
-        else:
-            outcomes.append(_finish(cfg, job, local[job.cid]))
-    return outcomes
-
-
-def _update(local: _Local) -> torch.Tensor:
-    if local.result is None:
-        raise ValueError(local.error or "no local result")
-    return local.result.update
+    return {
+        cid: (result, payload, state, local[cid].seconds + share)
+        for (cid, (_, result)), (payload, state) in zip(ready.items(), encoded, strict=True)
+    }
 
 
 def _finish(cfg: RunConfig, job: ClientJob, local: _Local) -> ClientOutcome:
