@@ -27,10 +27,6 @@ from fedsketch.methods.method import Layout
 
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned ints, floats: what payloads are made of
 MAX_HEADER = 4096  # an honest .npy header of a plain array is 128 bytes
-# The server reads decoded payloads and never writes them (screening makes new arrays), so torch's
-# one-time warning, when such a read-only view becomes a tensor, that the tensor could write it says
-# nothing here; the view saves a copy of every upload (docs/simulation.md, "The paper's CIFAR-10 shape").
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 MAX_ABS = 1e20
 """No float a client sends may exceed this in magnitude. Training that produces
 such values has diverged already; below it, a round's sum over clients and its
@@ -73,6 +69,17 @@ class ReplyLimits:
 def spec_bytes(shapes: list[tuple[tuple[int, ...], np.dtype]]) -> int:
     """The most raw bytes honest arrays of these shapes and dtypes take, headers included."""
     return sum(math.prod(shape) * np.dtype(dtype).itemsize + MAX_HEADER for shape, dtype in shapes)
+
+
+def quiet_read_only_views() -> None:
+    """Silence torch's one-time warning, when a read-only array becomes a tensor, that the tensor could write it.
+
+    Decoded payloads are read-only views of the bytes that came in (:func:`checked_array`; the view saves a
+    copy of every upload, docs/simulation.md, "The paper's CIFAR-10 shape"); the server reads them and never
+    writes them (screening makes new arrays), so the warning says nothing there. The ServerApp calls this
+    once as it starts (tests: pyproject.toml's ``filterwarnings``).
+    """
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
 
 def checked_payload(record: object, max_bytes: int, max_arrays: int) -> dict[str, np.ndarray]:

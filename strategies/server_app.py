@@ -16,6 +16,7 @@ from fedsketch.client_state import clear_states
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.flat import num_params
 from fedsketch.task import load_data, make_model
+from strategies.limits import quiet_read_only_views
 from strategies.strategy import FedSketchStrategy
 
 
@@ -62,6 +63,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Entry point for ``flwr run``."""
     cfg = RunConfig.from_mapping(context.run_config)
+    quiet_read_only_views()
     poll_replies_sooner(grid, cfg.reply_poll_s)
     retry_objects_sooner(grid, cfg.object_retry_s)
     out_dir = runlog.run_dir(cfg)

@@ -8,6 +8,10 @@ torch, or with numpy for a float type torch does not have.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +20,8 @@ from flwr.app import Array
 from fedsketch.aggregate import weighted_mean
 from strategies.limits import checked_array
 from strategies.replies import check_values
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def npy_bytes(arr: np.ndarray, header_len: int | None = None) -> bytes:
@@ -74,3 +80,20 @@ def test_one_bad_value_in_a_long_array_is_found(dtype: type) -> None:
             arr[at] = bad
             with pytest.raises(ValueError, match=message):
                 check_values("t", arr, 4.0)
+
+
+def test_the_server_silences_only_torchs_warning_about_read_only_views() -> None:
+    convert = "import numpy, torch; torch.as_tensor(numpy.frombuffer(b'1234', numpy.float32))"
+    quiet = "from strategies.limits import quiet_read_only_views; quiet_read_only_views(); "
+    other = "; import warnings; warnings.warn('another warning')"
+
+    def stderr_of(code: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-W", "default", "-c", code], check=False, capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert "The given NumPy array is not writable" in stderr_of(convert)
+    quieted = stderr_of(quiet + convert + other)
+    assert "not writable" not in quieted and "another warning" in quieted
