@@ -9,7 +9,7 @@ alike and add in the same order (client order), which makes runs reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -33,9 +33,36 @@ def weighted_mean(
     first = torch.as_tensor(arrays[0])
     out = torch.zeros_like(like if like is not None else first)
     total = sum(weights)
-    for x, w in zip(arrays, weights):
-        x = torch.as_tensor(x)
-        if x.shape != out.shape:
-            raise ValueError(f"arrays have shapes {tuple(out.shape)} and {tuple(x.shape)}")
-        out += (w / total) * x.to(out.device)
+    for x, w in zip(_on_device(_same_shape(arrays, out.shape), out.device), weights, strict=True):
+        out += (w / total) * x
     return out
+
+
+def _same_shape(arrays: Iterable[torch.Tensor | np.ndarray], shape: torch.Size) -> Iterator[torch.Tensor]:
+    """Each array as a tensor, refused unless it has ``shape``."""
+    for x in arrays:
+        x = torch.as_tensor(x)
+        if x.shape != shape:
+            raise ValueError(f"arrays have shapes {tuple(shape)} and {tuple(x.shape)}")
+        yield x
+
+
+def _on_device(tensors: Iterable[torch.Tensor], device: torch.device) -> Iterator[torch.Tensor]:
+    """Each tensor on ``device``, in order. A host tensor bound for a GPU is copied into one of two page-locked
+    buffers in turn and sent from there without waiting, so the next one is copied while it travels; from
+    pageable memory the driver copies through its own staging buffer and waits, about four times slower
+    (docs/simulation.md). A buffer is refilled only once its last copy to the GPU is done."""
+    slots: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
+    for i, x in enumerate(tensors):
+        if device.type != "cuda" or x.device.type != "cpu":
+            yield x.to(device)
+            continue
+        slot = slots.get(i % 2)
+        if slot is None or slot[0].shape != x.shape or slot[0].dtype != x.dtype:
+            slot = slots[i % 2] = (torch.empty(x.shape, dtype=x.dtype, pin_memory=True), torch.cuda.Event())
+        buffer, sent = slot
+        sent.synchronize()  # its last copy to the GPU is done (at once when never recorded)
+        buffer.copy_(x)
+        on_gpu = buffer.to(device, non_blocking=True)
+        sent.record()
+        yield on_gpu

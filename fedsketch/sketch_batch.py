@@ -61,3 +61,13 @@ def _accumulate_batch(tables: torch.Tensor, vecs: torch.Tensor, hashes: Tabulati
             values = piece.view(n, 1, h1 - h0, C) * signs
             buckets = hashes.window_buckets(offsets[:, h0 - s0 : h1 - s0]).view(-1)
             tables.index_add_(1, buckets, values.view(n, -1).to(tables.dtype))
+
+
+def host_tables(tables: torch.Tensor) -> torch.Tensor:
+    """``tables`` on the host: from a GPU in one copy into page-locked memory, which torch's host cache hands
+    back once every view of it is gone, so the next chunk's copy reuses it. Copying each table to fresh
+    pageable memory on its own cost about 20 times as long (docs/simulation.md)."""
+    if tables.device.type != "cuda":
+        return tables.cpu()
+    host = torch.empty(tables.shape, dtype=tables.dtype, pin_memory=True)
+    return host.copy_(tables)

@@ -41,3 +41,37 @@ def test_bad_input_is_refused_naming_what_is_wrong(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         weighted_mean(arrays, weights)
+
+
+def test_arrays_on_the_outputs_device_add_in_order_whatever_they_came_as() -> None:
+    """Tensors and numpy arrays, float16 among float32: the same sum, added in client order, as by hand."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(4, 5, generator=g) for _ in range(5)]
+    arrays = [xs[0], xs[1].numpy(), xs[2].half(), xs[3].numpy(), xs[4]]
+    weights = [1.0, 2.0, 0.5, 3.0, 1.5]
+    want = torch.zeros(4, 5)
+    for x, w in zip(arrays, weights, strict=True):
+        want += (w / sum(weights)) * torch.as_tensor(x)
+    assert torch.equal(weighted_mean(arrays, weights), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_host_arrays_sent_to_a_gpu_through_staging_add_exactly_as_on_the_gpu() -> None:
+    """Host arrays bound for a GPU pass through two page-locked buffers in turn; a buffer refilled before its
+    copy arrived would add one client's table twice. The sum equals the one of arrays moved one by one,
+    bit for bit, for many arrays (each buffer reused), a float16 one among them (a fresh buffer) and CUDA ones.
+    The stream is kept busy first, so a buffer refilled without waiting would be refilled before its copy ran."""
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(5, 200_000, generator=g) for _ in range(9)]
+    arrays: list[torch.Tensor | np.ndarray] = [x.numpy() for x in xs]
+    arrays[4] = xs[4].half()
+    arrays[6] = xs[6].cuda()
+    weights = [float(i + 1) for i in range(9)]
+    like = torch.zeros(5, 200_000, device="cuda")
+    want = torch.zeros_like(like)
+    for x, w in zip(arrays, weights, strict=True):
+        want += (w / sum(weights)) * torch.as_tensor(x).cuda()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the stream busy (about 0.1 s): every copy to the GPU queues behind it
+    assert torch.equal(weighted_mean(arrays, weights, like=like), want)

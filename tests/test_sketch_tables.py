@@ -20,7 +20,7 @@ from fedsketch.flat import get_flat
 from fedsketch.methods import ClientJob, get_method
 from fedsketch.methods import fetchsgd as fetchsgd_method
 from fedsketch.sketch import CountSketch
-from fedsketch.sketch_batch import sketch_tables
+from fedsketch.sketch_batch import host_tables, sketch_tables
 from fedsketch.task import load_data, make_model
 
 
@@ -159,3 +159,18 @@ def test_on_a_gpu_the_batched_tables_equal_each_clients_own() -> None:
         alone, _ = fetchsgd_method.encode(u, job, cfg)
         np.testing.assert_allclose(payload["table"], alone["table"], rtol=1e-5, atol=1e-4)
     assert sketch_tables(torch.stack(updates), 3, 500, 5).device.type == "cuda"
+
+
+def test_host_tables_are_the_tables_on_the_host() -> None:
+    tables = sketch_tables(torch.randn(3, 900, generator=torch.Generator().manual_seed(2)), 3, 50, 4)
+    host = host_tables(tables)
+    assert host.device.type == "cpu" and torch.equal(host, tables)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_tables_come_back_in_page_locked_memory_intact() -> None:
+    tables = sketch_tables(torch.randn(4, 70_001, device="cuda"), 3, 500, 5)
+    host = host_tables(tables)
+    assert host.is_pinned() and host.device.type == "cpu"
+    assert torch.equal(host, tables.cpu())

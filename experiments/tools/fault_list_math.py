@@ -144,8 +144,8 @@ MATH_FAULTS: tuple[Fault, ...] = (
     _fault(
         "weighted-mean-unweighted",
         "fedsketch/aggregate.py",
-        "out += (w / total) * x.to(out.device)",
-        "out += x.to(out.device) / len(arrays)",
+        "out += (w / total) * x",
+        "out += x / len(arrays)",
         ROUND,
         "the one weighted mean ignores the example counts",
     ),

@@ -39,7 +39,7 @@ from fedsketch.methods.method import (
 )
 from fedsketch.setting import Setting
 from fedsketch.sketch import CountSketch
-from fedsketch.sketch_batch import sketch_tables
+from fedsketch.sketch_batch import host_tables, sketch_tables
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -109,10 +109,9 @@ def encode_many(updates: list[torch.Tensor], jobs: list[ClientJob], cfg: RunConf
 
 def encode_together(updates: list[torch.Tensor], rc: Mapping[str, int]) -> list[tuple[Payload, State]]:
     """Each update's table under one round config, sketched together (:func:`sketch_tables`) and copied to
-    the host one by one (one copy of them all took fresh host memory every round, which cost more than
-    the batched kernels saved: docs/simulation.md)."""
+    the host at once (:func:`host_tables`); each payload is a view of that copy."""
     tables = sketch_tables(torch.stack(updates), rc["sketch-rows"], rc["sketch-cols"], rc["sketch-seed"])
-    return [({"table": table.cpu().numpy()}, {}) for table in tables]
+    return [({"table": table.numpy()}, {}) for table in host_tables(tables)]
 
 
 def layout(cfg: RunConfig, d: int, server_round: int = 0) -> PayloadSpec:
