@@ -200,6 +200,31 @@ def test_without_the_diagnostic_the_report_is_empty() -> None:
     assert method.report(state, cfg) == (state, {})
 
 
+def test_the_setting_not_the_states_type_picks_the_step_and_a_state_of_the_other_setting_is_refused() -> None:
+    """``diagnose-sketch`` decides which step runs; a state made under the other setting is refused by name
+    (step and report alike), never stepped as if it were the run's."""
+    plain_cfg, diagnosed_cfg = _cfg(), _cfg(**{"diagnose-sketch": True})
+    plain, diagnosed = (
+        method.init(plain_cfg, D, torch.device("cpu")),
+        method.init(diagnosed_cfg, D, torch.device("cpu")),
+    )
+    updates, _ = _updates(diagnosed_cfg, diagnose=True)
+    rnd = Round(1, 0.3, updates, D, torch.device("cpu"))
+    with pytest.raises(
+        TypeError,
+        match=r"^diagnose-sketch is true, so FetchSGD's server state should be a "
+        r"FidelityState; got a FetchSGDState \(a state made under the other setting\)$",
+    ):
+        method.step(plain, rnd, diagnosed_cfg)
+    with pytest.raises(
+        TypeError, match=r"^diagnose-sketch is false, .* should be a FetchSGDState; got a FidelityState"
+    ):
+        method.step(diagnosed, rnd, plain_cfg)
+    with pytest.raises(TypeError, match=r"should be a FidelityState; got a FetchSGDState"):
+        method.report(plain, diagnosed_cfg)
+    assert method.report(diagnosed, plain_cfg) == (diagnosed, {})  # no diagnostic asked for: nothing to report
+
+
 def test_the_clipping_norm_is_the_tables_estimate_and_the_sensitivity_sqrt_rows() -> None:
     cfg = _cfg(**{"sketch-rows": 9, "sketch-cols": 2_000})
     g = _gradient(7)

@@ -16,8 +16,8 @@ FAULTS: tuple[Fault, ...] = (
     _fault(
         "a-fetchsgd-uniform-merge",
         "fedsketch/methods/fetchsgd.py",
-        "examples = [u.num_examples for u in rnd.updates]",
-        "examples = [1 for u in rnd.updates]",
+        "[u.num_examples for u in rnd.updates], like=sketched.error",
+        "[1 for u in rnd.updates], like=sketched.error",
         ROUND,
         "FetchSGD merges client tables with uniform, not example, weights",
     ),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ ERROR_FEEDBACK, LR_PLACEMENT = (
 )
 
 State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
+S = TypeVar("S", fetchsgd.FetchSGDState, fidelity.FidelityState)
 
 
 def params(cfg: RunConfig, d: int) -> fetchsgd.FetchSGDParams:
@@ -137,18 +138,36 @@ def init(cfg: RunConfig, d: int, device: torch.device) -> State_:
 
 
 def step(state: State_, rnd: Round, cfg: RunConfig) -> tuple[State_, torch.Tensor]:
-    """Merge the tables weighted by examples, then one FetchSGD step (measured, when diagnosing)."""
+    """Merge the tables weighted by examples, then one FetchSGD step; with ``diagnose-sketch``, the same
+    step measured against its dense shadow (:func:`fidelity.step`)."""
     p = params(cfg, rnd.d)
-    sketched = state.sketched if isinstance(state, fidelity.FidelityState) else state
-    examples = [u.num_examples for u in rnd.updates]
-    merged = weighted_mean([u.payload["table"] for u in rnd.updates], examples, like=sketched.error)
-    if isinstance(state, fidelity.FidelityState):
+    if cfg.diagnose_sketch:
+        measured = _state(fidelity.FidelityState, state, cfg)
         dense = [_diagnostic_update(u) for u in rnd.updates]
-        true_mean = weighted_mean(dense, examples, like=state.shadow.error)
-        state, update, _ = fidelity.step(state, merged, true_mean, p, rnd.lr)
-    else:
-        state, update = fetchsgd.step(state, merged, p, rnd.lr)
-    return state, update.dense(rnd.d)
+        true_mean = weighted_mean(dense, [u.num_examples for u in rnd.updates], like=measured.shadow.error)
+        measured, update, _ = fidelity.step(measured, _merge(rnd, measured.sketched), true_mean, p, rnd.lr)
+        return measured, update.dense(rnd.d)
+    plain = _state(fetchsgd.FetchSGDState, state, cfg)
+    plain, update = fetchsgd.step(plain, _merge(rnd, plain), p, rnd.lr)
+    return plain, update.dense(rnd.d)
+
+
+def _merge(rnd: Round, sketched: fetchsgd.FetchSGDState) -> torch.Tensor:
+    """The round's tables, weighted by examples, in the sketches' dtype and on their device."""
+    return weighted_mean(
+        [u.payload["table"] for u in rnd.updates], [u.num_examples for u in rnd.updates], like=sketched.error
+    )
+
+
+def _state(kind: type[S], state: State_, cfg: RunConfig) -> S:
+    """``state`` as the run's setting says it is: with ``diagnose-sketch`` a :class:`fidelity.FidelityState`
+    (the sketches and their dense shadow), else the sketches alone; refused, naming both, otherwise."""
+    if not isinstance(state, kind):
+        raise TypeError(
+            f"diagnose-sketch is {str(cfg.diagnose_sketch).lower()}, so FetchSGD's server state should be a "
+            f"{kind.__name__}; got a {type(state).__name__} (a state made under the other setting)"
+        )
+    return state
 
 
 def _diagnostic_update(u: ClientUpdate) -> np.ndarray:
@@ -174,9 +193,9 @@ def sensitivity(cfg: RunConfig) -> float:
 
 def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
     """With ``diagnose-sketch``: the sketch's fidelity, averaged over the rounds since the previous row."""
-    if not isinstance(state, fidelity.FidelityState):
+    if not cfg.diagnose_sketch:
         return state, {}
-    state, rep = fidelity.report(state)
+    state, rep = fidelity.report(_state(fidelity.FidelityState, state, cfg))
     return state, {
         "sketch_recall": rep.recall,
         "sketch_rel_error": rep.rel_error,
