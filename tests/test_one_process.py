@@ -67,7 +67,7 @@ def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path:
         return int(out.stdout)
 
     default = faults(bare, "env")
-    assert default > 3 * 20 * 2_000  # about 2,440 pages a table, every round
+    assert default > 20 * 2_000  # fresh pages for at least a round: about 2,440 a table (here every round)
     assert faults(one_process.process_env(root, tmp_path), "env") < default / 10
     assert faults(bare, "mallopt") < default / 10
 
