@@ -119,13 +119,15 @@ from experiments.flower.launch import Federation
 path, root = Path(sys.argv[1]), Path(sys.argv[2])
 one_process.start_spare(root, "inprocess")
 started = time.monotonic()
-code = one_process.one_process_run(root, path / "run_config.toml", Federation(num_supernodes=2, cpus_per_client=1, backend="inprocess"), path)
+fed = Federation(num_supernodes=2, cpus_per_client=1, backend="inprocess")
+code = one_process.one_process_run(root, path / "run_config.toml", fed, path)
 print(code, spare._waiting is None, round(time.monotonic() - started, 1))
 """
 """The command's side of a run given to a spare, in a fresh Python: the spare is forked, as ``fedsketch run``
 forks it, from a process that has imported torch but run nothing with it. This test process has run many
 torch operations on several threads by then, and a spare forked from it once died of a segmentation fault
-in a worker's forward pass (2026-11-26, one CI run in three, not seen again in 35 runs of this file)."""
+in a worker's forward pass (2026-11-26: one CI run in three; not seen in 43 runs of the test on the
+development machine)."""
 
 
 @pytest.mark.slow
