@@ -58,7 +58,7 @@ def _on_device(tensors: Iterable[torch.Tensor], device: torch.device) -> Iterato
             yield x.to(device)
             continue
         slot = slots.get(i % 2)
-        if slot is None or slot[0].shape != x.shape or slot[0].dtype != x.dtype:
+        if slot is None or slot[0].dtype != x.dtype:  # every tensor has the mean's shape (_same_shape)
             slot = slots[i % 2] = (torch.empty(x.shape, dtype=x.dtype, pin_memory=True), torch.cuda.Event())
         buffer, sent = slot
         sent.synchronize()  # its last copy to the GPU is done (at once when never recorded)

@@ -41,20 +41,19 @@ if TYPE_CHECKING:
     from experiments.flower.launch import Federation
 
 MALLOC = {
-    "MALLOC_ARENA_MAX": 2,
-    "MALLOC_MMAP_THRESHOLD_": 64 << 20,
-    "MALLOC_TRIM_THRESHOLD_": 64 << 30,
-    "MALLOC_TOP_PAD_": 64 << 20,
+    "MALLOC_ARENA_MAX": (2, -8),
+    "MALLOC_MMAP_THRESHOLD_": (64 << 20, -3),
+    "MALLOC_TRIM_THRESHOLD_": (64 << 30, -1),
+    "MALLOC_TOP_PAD_": (64 << 20, -2),
 }
-"""glibc's malloc settings for the process, each unless the environment sets it (docs/simulation.md, "Memory"):
+"""glibc's malloc settings for the process, each unless the environment sets it (docs/simulation.md, "Memory"),
+as ``name: (value, mallopt's parameter for it)``, the parameter for a process already started (the spare):
 
 - two arenas: each thread that allocates (the ServerApp's, the engine's workers) otherwise gets one of
   its own, which keeps what a round's replies freed (the peer job's FedAvg: 872 against 797 MB);
 - arrays up to 64 MiB from the heap, never trimmed, 64 MiB added to each growth: what a round's replies
   freed serves the next round's, instead of fresh pages each round (the paper's shape on a GPU, 10 MB
   a client: 6.2 million page faults against 1.6 million, 0.82 against 0.52 s a round)."""
-MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2}
-"""glibc's ``mallopt`` parameter for each of :data:`MALLOC`, for a process already started (the spare)."""
 SPARE_LOG = "fedsketch: this simulation process started before its run and imported Flower and the app meanwhile"
 """The first line a spare writes to its run's log (:mod:`experiments.flower.spare`)."""
 
@@ -120,7 +119,7 @@ def process_env(app_dir: Path, flwr_home: Path) -> dict[str, str]:
     and :data:`MALLOC`'s settings the environment does not set."""
     env = flower_env(flwr_home)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH", "")) if p)
-    for name, value in MALLOC.items():
+    for name, (value, _) in MALLOC.items():
         env.setdefault(name, str(value))
     return env
 
@@ -211,9 +210,9 @@ def set_malloc(environ: Mapping[str, str]) -> None:
     """:data:`MALLOC`'s settings that ``environ`` does not set, through ``mallopt``: glibc read the variables
     as this process started, before it was a simulation process (each value capped at C's ``INT_MAX``)."""
     libc = ctypes.CDLL(None)
-    for name, value in MALLOC.items():
+    for name, (value, param) in MALLOC.items():
         if name not in environ:
-            libc.mallopt(MALLOPT[name], min(value, 2**31 - 1))
+            libc.mallopt(param, min(value, 2**31 - 1))
 
 
 def _serve(app_dir: Path, backend: str, order: spare.Order) -> None:
