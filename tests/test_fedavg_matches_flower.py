@@ -113,8 +113,11 @@ def test_fedavg_matches_flowers_fedavg_round_for_round(tmp_path: Path) -> None:
     curve, flower_w = flower_fedavg(CFG, w0)
     ours = [(r["test_accuracy"], r["test_loss"]) for r in rows]
     assert len(curve) == len(ours) == CFG.num_rounds
-    np.testing.assert_allclose(np.array(ours), np.array(curve), rtol=0, atol=1e-5)
+    # Two float32 paths (mean of models, model minus mean change) round differently and the gap
+    # compounds over rounds: 2e-7 in the loss here, 1.8e-5 in one CI run (a Flower side whose round-4
+    # loss 100 runs here never reproduced). A server step 0.01% short moves the loss 1.2e-4, w 2.1e-4.
+    np.testing.assert_allclose(np.array(ours), np.array(curve), rtol=0, atol=1e-4)
     assert ours[-1][1] < ours[0][1] - 0.01  # it trained: the comparison is not between two idle runs
     assert not torch.equal(flower_w, w0)
     # Flower averages the models, fedsketch subtracts the mean change: equal up to rounding.
-    torch.testing.assert_close(strat.weights, flower_w, rtol=0, atol=1e-5)
+    torch.testing.assert_close(strat.weights, flower_w, rtol=0, atol=1e-4)
