@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -35,6 +36,11 @@ from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 
 TORCH_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning, __name__)
+"""A reply's arrays are read-only views of its bytes (:mod:`strategies.limits`), which :func:`check_values`
+only reads: torch's warning that a tensor made from one could write to it is noise here (shown once,
+in the middle of the byte plan of ``fedsketch run``)."""
 
 
 @dataclass

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,6 +137,33 @@ def test_integer_bool_and_empty_arrays_are_not_value_checked() -> None:
     replies.check_values("u", np.array([255], dtype=np.uint8), 1.0)
     replies.check_values("e", np.zeros(0, dtype=np.float32), 1.0)
     replies.check_values("e", np.zeros((3, 0), dtype=np.float64), 1.0)
+
+
+READ_ONLY = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+    from strategies.replies import check_values
+    arr = np.frombuffer(np.ones(4, np.float32).tobytes(), np.float32)  # read-only, as a reply's arrays are
+    if sys.argv[1] == "replies":
+        check_values("a", arr, 10.0)
+    else:
+        torch.from_numpy(arr)
+    """
+)
+
+
+def test_a_reply_s_read_only_arrays_are_checked_without_torch_s_warning_which_other_code_still_gets() -> None:
+    def run(caller: str) -> subprocess.CompletedProcess[str]:  # a fresh process: torch warns once a process
+        cmd = [sys.executable, "-W", "error::UserWarning", "-c", READ_ONLY, caller]
+        root = Path(__file__).parents[1]
+        return subprocess.run(cmd, check=False, cwd=root, capture_output=True, text=True, timeout=120)
+
+    replies_run = run("replies")
+    assert replies_run.returncode == 0, replies_run.stderr
+    elsewhere = run("elsewhere")
+    assert elsewhere.returncode == 1 and "NumPy array is not writable" in elsewhere.stderr
 
 
 # ------------------------------------------------------------------------------------------ metrics
