@@ -23,7 +23,8 @@ time: the count errs on the side of more bytes, never fewer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -35,18 +36,18 @@ MODES = ("dense", "sparse")
 """``download`` settings: ``dense`` sends every client the whole model; ``sparse`` only what changed."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DownloadLedger:
-    """What each client has seen.
+    """What each client has seen: a value, which a round replaces (:func:`record_update`, :func:`mark_synced`).
 
     ``changed_at[j]`` is the last round whose update changed coordinate ``j``
     (0: never changed since the initial model); ``synced[cid] = s`` means the
     client holds the model that was sent in round ``s`` (the weights after
-    round ``s - 1``).
+    round ``s - 1``). Neither is changed in place.
     """
 
     changed_at: torch.Tensor
-    synced: dict[int, int] = field(default_factory=dict)
+    synced: Mapping[int, int] = field(default_factory=dict)
 
 
 def new_ledger(d: int) -> DownloadLedger:
@@ -56,14 +57,15 @@ def new_ledger(d: int) -> DownloadLedger:
     return DownloadLedger(torch.zeros(d, dtype=torch.int32))
 
 
-def record_update(ledger: DownloadLedger, server_round: int, before: torch.Tensor, after: torch.Tensor) -> int:
-    """Mark the coordinates that round ``server_round`` changed; returns how many."""
+def record_update(
+    ledger: DownloadLedger, server_round: int, before: torch.Tensor, after: torch.Tensor
+) -> tuple[DownloadLedger, int]:
+    """The ledger with the coordinates that round ``server_round`` changed marked, and how many."""
     if before.shape != ledger.changed_at.shape or after.shape != ledger.changed_at.shape:
         d = ledger.changed_at.numel()
         raise ValueError(f"weights of shape {tuple(before.shape)} and {tuple(after.shape)}; the ledger has d={d}")
     changed = (before != after).cpu()
-    ledger.changed_at[changed] = server_round
-    return int(changed.sum())
+    return replace(ledger, changed_at=torch.where(changed, server_round, ledger.changed_at)), int(changed.sum())
 
 
 INITIAL = 1
@@ -135,16 +137,14 @@ def apply_catch_up(weights: np.ndarray, payload: Payload) -> np.ndarray:
     return out
 
 
-def forget(ledger: DownloadLedger, cids: list[int]) -> None:
-    """These clients may not hold what they were sent (they failed): their next download is dense.
+def forget(ledger: DownloadLedger, cids: list[int]) -> DownloadLedger:
+    """The ledger where these clients may not hold what they were sent (they failed): their next download is dense.
 
     Also with ``from_init``: a client whose reply failed may be one that cannot rebuild the initial model.
     """
-    for cid in cids:
-        ledger.synced[int(cid)] = FORGOTTEN
+    return mark_synced(ledger, cids, FORGOTTEN)
 
 
-def mark_synced(ledger: DownloadLedger, cids: list[int], server_round: int) -> None:
-    """Clients whose replies were accepted in ``server_round`` now hold that round's model."""
-    for cid in cids:
-        ledger.synced[int(cid)] = server_round
+def mark_synced(ledger: DownloadLedger, cids: list[int], server_round: int) -> DownloadLedger:
+    """The ledger where the clients whose replies were accepted in ``server_round`` hold that round's model."""
+    return replace(ledger, synced={**ledger.synced, **{int(cid): server_round for cid in cids}})

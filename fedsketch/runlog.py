@@ -113,14 +113,15 @@ ROW_COUNTS = (
 def metrics_row(
     cfg: RunConfig, server_round: int, accuracy: float, loss: float, books: Books, wall_s: float
 ) -> dict[str, Any]:
-    """One evaluated round's row: accuracy, bytes and counts since the previous row (which it starts anew).
+    """One evaluated round's row: accuracy, bytes and counts since the previous row (``books.next_row()`` begins
+    the next one).
 
     Bytes since the previous row add up to the cumulative ones. ``download_bytes`` is what each client
     is billed (a message to it alone); ``download_sent_bytes`` what the round's messages serialized
     (in simulation one message carries a node's cohort). ``diagnostic_bytes``
     (``diagnose-sketch``) are what clients handed over for the diagnostic only, never upload.
     """
-    since, total = books.take_row(), books.totals
+    since, total = books.since_row, books.totals
     row: dict[str, Any] = {
         "round": server_round,
         "strategy": cfg.strategy,

@@ -9,11 +9,13 @@ with ``download = "sparse"``, the smaller of the model and its catch-up payload,
 sent to it alone. With one client per node (deployment) every message is one
 client's, and it is charged the message itself: a device that kept its model
 is sent, and charged, only its catch-up. A second exchange (Sketched-SGD's
-query, PowerSGD's P) is charged the same way.
+query, PowerSGD's P) is charged the same way. Each function returns what it
+charged (:data:`fedsketch.books.Counts`); the round adds it to the books.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +25,7 @@ from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from clients import messages
 from fedsketch import download, wire
-from fedsketch.books import Books
+from fedsketch.books import Books, Counts
 from fedsketch.compress import sparse
 from fedsketch.compress.bits import packed_size
 from fedsketch.config import RunConfig
@@ -33,14 +35,15 @@ from strategies.plan import RoundPlan
 
 def count_download(
     books: Books, cfg: RunConfig, plan: RoundPlan, model: ArrayRecord, weights: torch.Tensor, stateful: bool
-) -> None:
-    """Charge each sampled client the model (or its catch-up) and the round's config (with its settled round)."""
+) -> Counts:
+    """What each sampled client is charged: the model (or its catch-up) and the round's config (with its settled
+    round)."""
     config_bytes = messages.config_bytes_per_client({**plan.config, wire.SETTLED: [0]} if stateful else plan.config)
     dense = messages.wire_bytes(model)
     cids = [cid for cids in plan.sent.values() for cid in cids]
     if cfg.download != "sparse" or not cids:
-        books.add("download", (dense + config_bytes) * plan.sampled())
-        return
+        return Counter({"download": (dense + config_bytes) * plan.sampled()})
+    charged: Counter[str] = Counter()
     counts, on_cpu = download.changed_since(books.ledger), weights.detach().cpu()
     by_base: dict[int | None, int | None] = {}  # clients that hold the same round's model get the same catch-up
     for cid in cids:
@@ -49,8 +52,9 @@ def count_download(
             by_base[base] = catch_up_bytes(books.ledger, cid, plan.server_round, on_cpu, cfg.download_from_init, counts)
         sparse = by_base[base]
         sparse = dense + 1 if sparse is None else sparse
-        books.add("download", min(dense, sparse) + config_bytes)
-        books.add("sparse_downloads", int(sparse < dense))
+        charged["download"] += min(dense, sparse) + config_bytes
+        charged["sparse_downloads"] += int(sparse < dense)
+    return charged
 
 
 def catch_up_bytes(
@@ -91,9 +95,9 @@ def catch_up_bytes(
     return messages.wire_bytes(ArrayRecord({"enc": enc_array, **positions, "val": values}))
 
 
-def requests(books: Books, records: Mapping[int, ArrayRecord]) -> None:
-    """Charge each client the arrays sent to it alone."""
-    books.add("download", sum(messages.wire_bytes(record) for record in records.values()))
+def requests(records: Mapping[int, ArrayRecord]) -> Counts:
+    """What the clients are charged for the arrays sent to each alone."""
+    return Counter({"download": sum(messages.wire_bytes(record) for record in records.values())})
 
 
 def node_request(
@@ -105,11 +109,13 @@ def node_request(
     weights: torch.Tensor,
     config: dict[str, Any],
     extras: Mapping[int, ArrayRecord],
-) -> RecordDict:
-    """One client per node: its message, the model or (a device that kept it) the smaller catch-up, billed as sent."""
+) -> tuple[RecordDict, Counts]:
+    """One client per node: its message, the model or (a device that kept it) the smaller catch-up; what it is
+    charged, the message as sent."""
     cid = books.node_cid.get(node)
     since = download.base_round(books.ledger, cid, cfg.download_from_init) if cfg.download == "sparse" else None
     content = messages.train_request(model, config, [], extras)
+    sparse_downloads = 0
     if since is not None:
         payload = download.catch_up(books.ledger, cid, plan.server_round, weights, cfg.download_from_init)
         caught_up = messages.train_request(
@@ -120,10 +126,8 @@ def node_request(
             key=wire.CATCH_UP_KEY,
         )
         if messages.wire_bytes(caught_up) < messages.wire_bytes(content):
-            content = caught_up
-            books.add("sparse_downloads", 1)
-    books.add("download", messages.wire_bytes(content))
-    return content
+            content, sparse_downloads = caught_up, 1
+    return content, Counter({"download": messages.wire_bytes(content), "sparse_downloads": sparse_downloads})
 
 
 def round_requests(
@@ -135,8 +139,8 @@ def round_requests(
     targets: Mapping[int, list[int]],
     extras: Mapping[int, ArrayRecord],
     stateful: bool,
-) -> dict[int, RecordDict]:
-    """One message per node, every client billed; ``targets``: each node's clients
+) -> tuple[dict[int, RecordDict], Counts]:
+    """One message per node, and what every client is charged; ``targets``: each node's clients
     (:meth:`RoundPlan.targets`), ``extras``: arrays per client; ``stateful``: each config names
     every client's settled round (:meth:`RoundPlan.node_config`).
 
@@ -146,25 +150,27 @@ def round_requests(
     """
     for_node = {node: {c: extras[c] for c in cids if c in extras} for node, cids in targets.items()}
     configs = {node: plan.node_config(cids, books.applied if stateful else None) for node, cids in targets.items()}
+    charged: Counter[str] = Counter()
+    contents: dict[int, RecordDict] = {}
     if cfg.client_assignment == "node":
-        contents = {
-            node: node_request(books, cfg, plan, node, model, weights, configs[node], for_node[node])
-            for node in plan.sent
-        }
+        for node in plan.sent:
+            contents[node], counts = node_request(books, cfg, plan, node, model, weights, configs[node], for_node[node])
+            charged.update(counts)
     else:
-        count_download(books, cfg, plan, model, weights, stateful)
-        requests(books, extras)
+        charged.update(count_download(books, cfg, plan, model, weights, stateful))
+        charged.update(requests(extras))
         contents = {
             node: messages.train_request(model, configs[node], cids, for_node[node]) for node, cids in plan.sent.items()
         }
-    books.add("download_sent", sum(messages.wire_bytes(c) for c in contents.values()))
-    return contents
+    charged["download_sent"] = sum(messages.wire_bytes(c) for c in contents.values())
+    return contents, charged
 
 
 def second_exchange(
-    books: Books, cfg: RunConfig, plan: RoundPlan, updates: list[ClientUpdate], query: Payload
-) -> tuple[dict[int, list[int]], list[Message]]:
-    """The requests of a second exchange to the clients of ``updates``, each client charged its query and config."""
+    cfg: RunConfig, plan: RoundPlan, updates: list[ClientUpdate], query: Payload
+) -> tuple[dict[int, list[int]], list[Message], Counts]:
+    """The requests of a second exchange to the clients of ``updates``, and what they are charged: each client its
+    query and config."""
     wanted = {u.cid for u in updates}
     if cfg.client_assignment == "cohort":
         sent = {node: [c for c in cids if c in wanted] for node, cids in plan.sent.items()}
@@ -173,10 +179,10 @@ def second_exchange(
         sent = {u.node: [] for u in updates}
     record = messages.payload_to_record(query)
     config: dict[str, Any] = {wire.ROUND: plan.server_round, wire.PHASE: 2}
-    books.add("download", (messages.wire_bytes(record) + messages.config_bytes_per_client(config)) * len(wanted))
+    billed = (messages.wire_bytes(record) + messages.config_bytes_per_client(config)) * len(wanted)
     requests = [
         Message(content=messages.query_request(record, config, cids), message_type=MessageType.TRAIN, dst_node_id=node)
         for node, cids in sent.items()
     ]
-    books.add("download_sent", sum(messages.wire_bytes(m.content) for m in requests))
-    return sent, requests
+    sent_bytes = sum(messages.wire_bytes(m.content) for m in requests)
+    return sent, requests, Counter({"download": billed, "download_sent": sent_bytes})

@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Method
 from fedsketch.methods.method import payload_norm
@@ -45,20 +44,26 @@ def noise_generator() -> torch.Generator:
     return gen
 
 
-def screen(
-    cfg: RunConfig, method: Method, books: Books, noise: torch.Generator, d: int, updates: list[ClientUpdate]
-) -> list[ClientUpdate]:
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """The updates a method's step gets, how many were scaled down to the bound, whether noise was released."""
+
+    updates: list[ClientUpdate]
+    clipped: int = 0
+    noised: bool = False  # one noisy sum released: one more round for the privacy budget
+
+
+def screen(cfg: RunConfig, method: Method, noise: torch.Generator, d: int, updates: list[ClientUpdate]) -> Screened:
     """Clipping, or clipping and noise on the sum (one update of weight 1), as the run asks."""
     if cfg.dp_noise_multiplier > 0:
-        books.dp_rounds += 1
         bound = cfg.clip_norm * method.privacy.sensitivity(cfg)
-        books.add("clipped", sum(payload_norm(u) > bound for u in updates))
-        return [noisy_mean(updates, bound, cfg.dp_noise_multiplier, cfg.clients_per_round, noise)]
+        clipped = sum(payload_norm(u) > bound for u in updates)
+        mean = noisy_mean(updates, bound, cfg.dp_noise_multiplier, cfg.clients_per_round, noise)
+        return Screened([mean], int(clipped), noised=True)
     if cfg.clip_norm > 0 and method.privacy.norm is not None:
         norm_of = method.privacy.norm
-        updates, clipped = clip_updates(updates, cfg.clip_norm, lambda u: norm_of(u, cfg, d), scale_payload)
-        books.add("clipped", clipped)
-    return updates
+        return Screened(*clip_updates(updates, cfg.clip_norm, lambda u: norm_of(u, cfg, d), scale_payload))
+    return Screened(updates)
 
 
 def clip_updates(

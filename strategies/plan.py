@@ -56,22 +56,27 @@ class RoundPlan:
         return {node: cids or [books.node_cid.get(node, wire.NEW_CLIENT)] for node, cids in self.sent.items()}
 
 
-def assign(cfg: RunConfig, server_round: int, grid: Grid, books: Books, stateful: bool) -> dict[int, list[int]]:
-    """Wait for the nodes, sample this round's clients and assign them to nodes (node -> clients)."""
+def assign(
+    cfg: RunConfig, server_round: int, grid: Grid, homes: Mapping[int, int], stateful: bool
+) -> tuple[dict[int, list[int]], Mapping[int, int]]:
+    """Wait for the nodes, sample this round's clients and assign them to nodes (node -> clients).
+
+    Also returns where stateful clients' state is kept now (``homes`` as it was for other methods).
+    """
     nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
     if cfg.client_assignment == "node":  # one client per node, whose data is the node's own
         rng = np.random.default_rng([cfg.seed, server_round])
         # Sample positions, not ids: node ids are uint64 and a numpy array of
         # them may turn into float64 and lose digits.
         chosen = rng.choice(len(nodes), size=min(cfg.clients_per_round, len(nodes)), replace=False)
-        return {nodes[int(i)]: [] for i in sorted(chosen)}
+        return {nodes[int(i)]: [] for i in sorted(chosen)}, homes
     cids = sample_clients(cfg.seed, server_round, cfg.num_clients, cfg.clients_per_round)
     if not stateful:
-        return assign_cohorts(cids, nodes)
-    sent, books.homes, lost = assign_homes(cids, nodes, books.homes)
+        return assign_cohorts(cids, nodes), homes
+    sent, new_homes, lost = assign_homes(cids, nodes, homes)
     if lost:
         log(WARNING, "round %d: clients %s lost their node and start without state", server_round, lost)
-    return sent
+    return sent, new_homes
 
 
 def wait_for_nodes(grid: Grid, needed: int, timeout: float, poll_s: float = 0.5) -> list[int]:
@@ -112,7 +117,7 @@ def assign_cohorts(cids: list[int], nodes: list[int]) -> dict[int, list[int]]:
 
 
 def assign_homes(
-    cids: list[int], nodes: list[int], homes: dict[int, int]
+    cids: list[int], nodes: list[int], homes: Mapping[int, int]
 ) -> tuple[dict[int, list[int]], dict[int, int], list[int]]:
     """Send each client to the node that keeps its state ("home"), for methods with client state.
 

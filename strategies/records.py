@@ -1,4 +1,4 @@
-"""What the server writes down about a round: its counts in the books and its line in ``rounds.jsonl``.
+"""What the server writes down about a round: its counts for the books and its line in ``rounds.jsonl``.
 
 Every client that was asked and did not contribute counts once, by kind
 (:class:`strategies.replies.RoundReplies`); bytes are counted from what the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedsketch.books import Books
+from fedsketch.books import Counts
 from strategies.replies import RoundReplies
 
 FAILURE_KINDS = (
@@ -23,17 +23,20 @@ FAILURE_KINDS = (
 """Each books counter of clients that did not contribute, and the :class:`RoundReplies` field it counts."""
 
 
-def count_failures(books: Books, got: RoundReplies) -> None:
-    """Count the clients that were asked and did not contribute, by kind."""
-    for key, field in FAILURE_KINDS:
-        books.add(key, getattr(got, field))
+def failure_counts(got: RoundReplies) -> Counts:
+    """The clients that were asked and did not contribute, counted by kind."""
+    return {key: getattr(got, field) for key, field in FAILURE_KINDS}
 
 
-def count_replies(books: Books, got: RoundReplies) -> None:
-    """Bill what the replies carried, and count who failed and how."""
-    books.add("upload", got.upload_bytes)
-    books.add("diagnostic", got.diagnostic_bytes)
-    count_failures(books, got)
+def reply_counts(got: RoundReplies) -> Counts:
+    """What the replies carried, billed, and who failed and how, counted."""
+    return {"upload": got.upload_bytes, "diagnostic": got.diagnostic_bytes, **failure_counts(got)}
+
+
+def round_counts(got: RoundReplies, dense_bytes: int) -> Counts:
+    """A round's first exchange: :func:`reply_counts`, and the clients that contributed with the dense bytes they
+    stand for (``dense_bytes`` each: what an uncompressed upload would have cost)."""
+    return {**reply_counts(got), "clients": len(got.updates), "dense": dense_bytes * len(got.updates)}
 
 
 def round_line(

@@ -52,7 +52,7 @@ from flwr.supercore.run import Run
 
 from clients.messages import wire_bytes
 from fedsketch import wire
-from fedsketch.books import Books
+from fedsketch.books import Counts
 from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import Layout
 from strategies import waiting
@@ -193,13 +193,13 @@ class SecureRound:
     replies: RoundReplies  # the sum as one update (none if the protocol gave no usable sum), and who failed
     contributors: int  # the clients whose updates are in the sum
     refused: str  # why there is no usable sum ("" when there is one)
+    counts: Counts  # the bytes both ways, and the clients and dense bytes the sum stands for
 
 
 def secure_round(
     p: RoundPlan,
     weights: np.ndarray,
     layout: Layout,
-    books: Books,
     dense_bytes: int,
     max_examples: int,
     timeout: float,
@@ -208,13 +208,11 @@ def secure_round(
 
     The nodes clip their own clients (``clients/secure.py``), so the strategy
     applies the sum as it is; the bytes both ways are what the protocol's four
-    stages serialized, billed to ``books`` here.
+    stages serialized, returned in its counts.
     """
     per_node = max(max(1, len(cids)) for cids in p.sent.values())
     bridge, counting = secure_mean(p.grid, p.sent, weights, p.config, float(max_examples * per_node), timeout)
-    books.add("download", counting.sent)
-    books.add("download_sent", counting.sent)
-    books.add("upload", counting.received)
+    billed = {"download": counting.sent, "download_sent": counting.sent, "upload": counting.received}
     got, answered = RoundReplies(upload_bytes=counting.received), bridge.results
     got.timeouts = sum(max(1, len(c)) for node, c in p.sent.items() if node not in answered)
     got.errors = sum(int(res.metrics.get("failed", 0)) for res in answered.values())
@@ -222,13 +220,11 @@ def secure_round(
     payload, why = checked_mean(bridge.mean, layout)
     if payload is None:
         got.rejected = contributors
-        return SecureRound(got, contributors, why)
+        return SecureRound(got, contributors, why, billed)
     losses = [float(res.metrics["loss"]) for res in answered.values() if "loss" in res.metrics]
     loss = float(np.mean(losses)) if losses else float("nan")
     got.updates = [ClientUpdate(-1, payload, 1, loss, counting.received)]
-    books.add("clients", contributors)
-    books.add("dense", dense_bytes * contributors)
-    return SecureRound(got, contributors, "")
+    return SecureRound(got, contributors, "", {**billed, "clients": contributors, "dense": dense_bytes * contributors})
 
 
 def checked_mean(mean: list[np.ndarray] | None, spec: Layout) -> tuple[dict[str, np.ndarray] | None, str]:

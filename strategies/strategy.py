@@ -1,19 +1,16 @@
 """The one Flower strategy: a thin round loop around a method's explicit state transition.
 
-Every method (:mod:`fedsketch.methods`) runs through this class; it holds, as
-plain values, the model's weights, the method's state and the run's books
-(:class:`fedsketch.books.Books`). One round: wait for nodes and sample logical
-clients (:mod:`strategies.plan`), send the model and count each client's
-download (:mod:`strategies.billing`), validate the replies
-(:mod:`strategies.replies`), clip or noise them (:mod:`strategies.guard`),
-apply the method's ``step`` unless too few clients answered or the result is
-not finite, evaluate on the server and append ``metrics.jsonl``. Secure
-aggregation (:mod:`strategies.secure`) replaces the exchange and hands back
-the sum, which :meth:`FedSketchStrategy.finish_round` applies. Weights, the
-method's state, books, noise and round are one frozen value
-(:class:`strategies.values.ServerValues`) that each round replaces and
-checkpoints (:mod:`strategies.resume`) save and restore whole. Neither module
-imports this one.
+Every method (:mod:`fedsketch.methods`) runs through this class. One round: wait for nodes and
+sample logical clients (:mod:`strategies.plan`), send the model and count each client's download
+(:mod:`strategies.billing`), validate the replies (:mod:`strategies.replies`), clip or noise them
+(:mod:`strategies.guard`), apply the method's ``step`` unless too few clients answered or the
+result is not finite, evaluate on the server and append ``metrics.jsonl``. Secure aggregation
+(:mod:`strategies.secure`) replaces the exchange and hands back the sum, which
+:meth:`FedSketchStrategy.finish_round` applies. Weights, the method's state, the books
+(:class:`fedsketch.books.Books`), noise and round are one frozen value
+(:class:`strategies.values.ServerValues`) that each step replaces, never changes, and that
+checkpoints (:mod:`strategies.resume`) save and restore whole; the steps return what they count.
+Neither module imports this one.
 """
 
 from __future__ import annotations
@@ -103,12 +100,16 @@ class FedSketchStrategy(Strategy):
             c: messages.payload_to_record(x)
             for c, x in self.method.server.requests(self.state, wanted, self.cfg, self.d).items()
         }
-        contents = billing.round_requests(self.books, self.cfg, p, arrays, self.weights, targets, extras, self.stateful)
+        contents, charged = billing.round_requests(
+            self.books, self.cfg, p, arrays, self.weights, targets, extras, self.stateful
+        )
+        self.values = self.values.book(charged)
         return [Message(content=c, message_type=MessageType.TRAIN, dst_node_id=node) for node, c in contents.items()]
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        sent = plan.assign(self.cfg, server_round, grid, self.books, self.stateful)
+        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful)
+        self.values = self.values.book(homes=homes)
         base = {**dict(config), **self.method.wire.round_config(self.cfg), "server-round": server_round}
         echo: dict[str, Any] = dict(self.method.wire.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
@@ -123,10 +124,8 @@ class FedSketchStrategy(Strategy):
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         limits = self.reply_limits(layout, p.echo)
         got = collect(replies, p.sent, layout, limits, self.method.wire.diagnostic(self.cfg, self.d), self.requested)
-        self.books.node_cid.update({u.node: u.cid for u in got.updates})
-        records.count_replies(self.books, got)
-        self.books.add("clients", len(got.updates))
-        self.books.add("dense", self.dense_bytes * len(got.updates))
+        node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.updates}}
+        self.values = self.values.book(records.round_counts(got, self.dense_bytes), node_cid=node_cid)
         return self.finish_round(server_round, got, len(got.updates))
 
     def configure_evaluate(
@@ -188,12 +187,11 @@ class FedSketchStrategy(Strategy):
             p,
             self.weights.cpu().numpy(),
             layout,
-            self.books,
             self.dense_bytes,
             self.max_examples,
             self.cfg.round_timeout,
         )
-        records.count_failures(self.books, done.replies)
+        self.values = self.values.book(done.counts).book(records.failure_counts(done.replies))
         if done.refused:
             self.skip(server_round, done.replies, f"secure aggregation gave no usable sum: {done.refused}", 0)
         else:
@@ -220,22 +218,22 @@ class FedSketchStrategy(Strategy):
         self.set_weights(self.weights - delta)
         if self.stateful:  # these clients' pending states now count: tell them in their next request
             used = [a.cid for a in rnd.answers] if self.method.client.commit == "answer" else [u.cid for u in updates]
-            self.books.applied.update(dict.fromkeys(used, server_round))
+            self.values = self.values.book(applied={**self.books.applied, **dict.fromkeys(used, server_round)})
         if self.cfg.download == "sparse":
-            download.record_update(self.books.ledger, server_round, before, self.weights)
+            ledger, _ = download.record_update(self.books.ledger, server_round, before, self.weights)
+            self.values = self.values.book(ledger=ledger)
         losses = [u.loss for u in got.updates if u.loss == u.loss]
-        self.books.last_loss = float(np.mean(losses)) if losses else float("nan")
+        self.values = self.values.book(last_loss=float(np.mean(losses)) if losses else float("nan"))
         self.round_done(server_round, got, None, contributors)
         return messages.model_record(self.weights.cpu().numpy()), MetricRecord({"train-loss": self.books.last_loss})
 
     def skip(self, server_round: int, got: RoundReplies, why: str, contributors: int) -> tuple[None, MetricRecord]:
         """A round whose update is not applied: the model and the method's state stay as they were."""
         log(WARNING, "round %d not applied: %s", server_round, why)
-        self.books.add("skipped_rounds", 1)
+        self.values = self.values.book({"skipped_rounds": 1})
         self.round_done(server_round, got, why, contributors)
         return None, MetricRecord({"clients": contributors, "failures": got.failed})
 
-    # ------------------------------------------------------------- helpers
     # ------------------------------------------------------------- the value
     @property
     def weights(self) -> torch.Tensor:
@@ -269,9 +267,10 @@ class FedSketchStrategy(Strategy):
     def screen(self, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """Clip, or clip and noise, the round's updates (:mod:`strategies.guard`), keeping the noise's new state."""
         noise = self.values.generator()
-        screened = guard.screen(self.cfg, self.method, self.books, noise, self.d, updates)
+        screened = guard.screen(self.cfg, self.method, noise, self.d, updates)
         self.values = replace(self.values, noise=noise.get_state())
-        return screened
+        self.values = self.values.book({"clipped": screened.clipped}, dp_rounds=self.books.dp_rounds + screened.noised)
+        return screened.updates
 
     def lr_at(self, server_round: int) -> float:
         """This round's server learning rate (see :mod:`fedsketch.schedule`)."""
@@ -285,8 +284,9 @@ class FedSketchStrategy(Strategy):
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
         the round ended (before its evaluation, if it has one)."""
         if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
-            download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
-            download.mark_synced(self.books.ledger, [u.cid for u in got.updates], server_round)
+            ledger = download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
+            ledger = download.mark_synced(ledger, [u.cid for u in got.updates], server_round)
+            self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return
         line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors)
@@ -298,6 +298,7 @@ class FedSketchStrategy(Strategy):
         state, extra = self.method.server.report(self.state, self.cfg)
         self.values = replace(self.values, state=state)
         row = runlog.metrics_row(self.cfg, server_round, acc, loss, self.books, wall_s)
+        self.values = replace(self.values, books=self.books.next_row())
         self.history.append({**row, **privacy_metrics(self.cfg, self.books.dp_rounds), **extra})
         log(
             INFO,
@@ -321,8 +322,9 @@ class FedSketchStrategy(Strategy):
         p = self.plan
         if p is None:
             raise RuntimeError("a second exchange needs a round in progress")
-        sent, requests = billing.second_exchange(self.books, self.cfg, p, updates, query.payload)
+        sent, requests, charged = billing.second_exchange(self.cfg, p, updates, query.payload)
+        self.values = self.values.book(charged)
         replies, requested = exchange(p.grid, requests, self.cfg.round_timeout)
         got = collect(replies, sent, query.layout, self.reply_limits(query.layout, {}), requested=requested)
-        records.count_replies(self.books, got)
+        self.values = self.values.book(records.reply_counts(got))
         return got.updates

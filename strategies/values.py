@@ -6,17 +6,18 @@ method's state): the model's flat weights, the method's state, the books
 (:class:`fedsketch.books.Books`: bytes, failures, the download ledger), the DP
 noise generator's state and the last round finished. A round replaces the
 value; a checkpoint saves it whole and resuming gives one back
-(:mod:`strategies.resume`). The books are counters that a round adds to in
-place, the one part that is not replaced.
+(:mod:`strategies.resume`). The books are a value too: a round's steps return
+what they counted, and :meth:`ServerValues.book` adds it into new books.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
-from fedsketch.books import Books
+from fedsketch.books import Books, Counts
 from fedsketch.methods.method import ServerState
 
 
@@ -29,6 +30,10 @@ class ServerValues:
     books: Books  # the run's books
     noise: torch.Tensor  # the DP noise generator's state (``torch.Generator.get_state()``)
     server_round: int = 0  # the last round finished (applied or skipped); 0 before the first
+
+    def book(self, counts: Counts | None = None, **fields: Any) -> ServerValues:
+        """These values with new books: ``counts`` added, the named fields of :class:`Books` replaced."""
+        return replace(self, books=replace(self.books.add(counts or {}), **fields))
 
     def generator(self) -> torch.Generator:
         """A generator at the saved noise state (draw from it, then keep its new state)."""

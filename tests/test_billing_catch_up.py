@@ -18,13 +18,12 @@ def _reference(ledger: download.DownloadLedger, cid: int, rnd: int, w: torch.Ten
 
 def _ledger(d: int, rounds: int, per_round: int, seed: int) -> download.DownloadLedger:
     gen = torch.Generator().manual_seed(seed)
-    ledger = download.new_ledger(d)
+    changed_at = download.new_ledger(d).changed_at
     for rnd in range(1, rounds):
-        ledger.changed_at[torch.randint(0, d, (per_round,), generator=gen)] = rnd
+        changed_at[torch.randint(0, d, (per_round,), generator=gen)] = rnd
     # clients synced to every round, one forgotten, and (cid 99) one never seen
-    ledger.synced = {cid: cid for cid in range(1, rounds + 1)}
-    ledger.synced[0] = download.FORGOTTEN
-    return ledger
+    synced = {cid: cid for cid in range(1, rounds + 1)}
+    return download.DownloadLedger(changed_at, {**synced, 0: download.FORGOTTEN})
 
 
 @pytest.mark.parametrize("max_chunk", [None, 64, 1000])
@@ -48,9 +47,7 @@ def test_catch_up_bytes_equal_the_built_payloads(
 
 def test_equal_value_chunks_are_counted_once_as_flower_sends_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(messages, "MAX_CHUNK", 256)
-    ledger = download.new_ledger(4096)
-    ledger.changed_at[:] = 3
-    ledger.synced = {1: 2}
+    ledger = download.DownloadLedger(torch.full((4096,), 3, dtype=torch.int32), {1: 2})
     counts = download.changed_since(ledger)
     constant = billing.catch_up_bytes(ledger, 1, 4, torch.full((4096,), 2.0), False, counts)
     varied = billing.catch_up_bytes(ledger, 1, 4, torch.arange(4096, dtype=torch.float32), False, counts)
@@ -58,21 +55,20 @@ def test_equal_value_chunks_are_counted_once_as_flower_sends_them(monkeypatch: p
 
 
 def test_changed_since_counts_every_round() -> None:
-    ledger = download.new_ledger(10)
-    ledger.changed_at[:] = torch.tensor([0, 0, 1, 1, 1, 2, 4, 4, 4, 4], dtype=torch.int32)
+    ledger = download.DownloadLedger(torch.tensor([0, 0, 1, 1, 1, 2, 4, 4, 4, 4], dtype=torch.int32))
     counts = download.changed_since(ledger)
     assert counts.tolist() == [10, 8, 5, 4, 4, 0]
     for since in range(6):
         assert counts[since] == int((ledger.changed_at >= since).sum())
-    ledger.synced = {7: 9}  # synced after the last change: nothing to send
+    ledger = download.mark_synced(ledger, [7], 9)  # synced after the last change: nothing to send
     assert download.catch_up_count(ledger, 7, False, counts) == 0
     assert np.array_equal(download.catch_up_values(ledger, 7, torch.randn(10), False), np.zeros(0, np.float32))
 
 
 def test_a_one_byte_mask_equal_to_the_encoding_byte_is_sent_once() -> None:
-    ledger = download.new_ledger(8)
-    ledger.changed_at[0] = 2  # the packed mask is the byte 1, the same as enc = 1 (bitmap)
-    ledger.synced = {1: 2}
+    changed_at = download.new_ledger(8).changed_at
+    changed_at[0] = 2  # the packed mask is the byte 1, the same as enc = 1 (bitmap)
+    ledger = download.DownloadLedger(changed_at, {1: 2})
     w = torch.randn(8)
     got = billing.catch_up_bytes(ledger, 1, 3, w, False, download.changed_since(ledger))
     assert got == _reference(ledger, 1, 3, w, False)

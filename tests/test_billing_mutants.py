@@ -12,6 +12,7 @@ change them: a spy on :mod:`fedsketch.download` (calling through) sees which pay
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -23,7 +24,7 @@ from flwr.serverapp import Grid
 from clients import messages
 from experiments.running.inprocess_grid import task_identity
 from fedsketch import download, wire
-from fedsketch.books import Books
+from fedsketch.books import Books, Counts
 from fedsketch.compress.sparse import decode_sparse_pairs
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate
@@ -47,12 +48,20 @@ def weights(d: int = D) -> torch.Tensor:
 def books(d: int = D, sparse: bool = True, ones: int = 100) -> Books:
     """Round 4's books: 5 coordinates changed in round 3, 35 in round 2, up to ``ones`` in round 1, the rest never."""
     out = Books.start(d, sparse)
-    if sparse:
-        out.ledger.changed_at[:ones] = 1
-        out.ledger.changed_at[:40] = 2
-        out.ledger.changed_at[:5] = 3
-        out.ledger.synced = dict(SYNCED)
-    return out
+    if not sparse:
+        return out
+    changed_at = out.ledger.changed_at.clone()
+    changed_at[:ones] = 1
+    changed_at[:40] = 2
+    changed_at[:5] = 3
+    return replace(out, ledger=download.DownloadLedger(changed_at, dict(SYNCED)))
+
+
+def ledger_books(d: int, changed: list[int] | slice, synced: dict[int, int], **fields: Any) -> Books:
+    """Books of a sparse-download run whose ledger has ``changed`` coordinates changed in round 3."""
+    changed_at = torch.zeros(d, dtype=torch.int32)
+    changed_at[changed] = 3
+    return replace(Books.start(d, True), ledger=download.DownloadLedger(changed_at, synced), **fields)
 
 
 def round_plan(sent: dict[int, list[int]]) -> RoundPlan:
@@ -93,27 +102,24 @@ def test_each_client_of_a_cohort_is_charged_its_smaller_download(
         monkeypatch.setattr(messages, "MAX_CHUNK", max_chunk)
     cfg = run_config(download="sparse", **{"download-from-init": from_init})
     book, p = books(ones=ones), round_plan({11: [1, 2], 12: [3, 4, 5, 6]})
-    billing.count_download(book, cfg, p, model(), weights(), False)
+    charged = billing.count_download(book, cfg, p, model(), weights(), False)
     charges = [cohort_charge(books(ones=ones), cid, from_init, p.config) for cid in range(1, 7)]
-    assert book.totals["download"] == sum(c for c, _ in charges)
-    assert book.totals["sparse_downloads"] == sum(s for _, s in charges) == {100: 4 + from_init, D - 5: 3}[ones]
+    assert charged["download"] == sum(c for c, _ in charges)
+    assert charged["sparse_downloads"] == sum(s for _, s in charges) == {100: 4 + from_init, D - 5: 3}[ones]
     assert charges[3] == (alone(model(), p.config), 0)  # forgotten: the dense model
     for cid in range(1, 7):  # each one alone: the same charge, whoever shares its cohort
-        one = books(ones=ones)
-        billing.count_download(one, cfg, round_plan({11: [cid]}), model(), weights(), False)
-        assert (one.totals["download"], one.totals["sparse_downloads"]) == charges[cid - 1]
+        one = billing.count_download(books(ones=ones), cfg, round_plan({11: [cid]}), model(), weights(), False)
+        assert (one["download"], one["sparse_downloads"]) == charges[cid - 1]
 
 
 def test_a_catch_up_larger_than_a_tiny_model_is_charged_as_the_model() -> None:
-    book = Books.start(8, True)  # a one-byte mask: the catch-up is built to be sized
-    book.ledger.changed_at[[0, 5]] = 3
-    book.ledger.synced = {1: 3, 2: 3}
+    book = ledger_books(8, [0, 5], {1: 3, 2: 3})  # a one-byte mask: the catch-up is built to be sized
     cfg, p = run_config(download="sparse"), round_plan({11: [1, 2]})
-    billing.count_download(book, cfg, p, model(8), weights(8), False)
+    charged = billing.count_download(book, cfg, p, model(8), weights(8), False)
     record = caught_up(book, 1, False, 8)
     assert record is not None and alone(record, p.config) > alone(model(8), p.config)
-    assert book.totals["download"] == 2 * alone(model(8), p.config)
-    assert book.totals["sparse_downloads"] == 0
+    assert charged["download"] == 2 * alone(model(8), p.config)
+    assert charged["sparse_downloads"] == 0
 
 
 @pytest.mark.parametrize("stateful", [False, True])
@@ -123,29 +129,26 @@ def test_dense_downloads_charge_every_sampled_client_the_model_and_its_config(st
         (run_config(download="dense"), books(sparse=False), {11: [1, 2], 12: [3]}),
         (run_config(download="sparse"), books(), {101: [], 102: [], 103: []}),  # devices: no cohort to catch up
     ]:
-        billing.count_download(book, cfg, round_plan(sent), model(), weights(), stateful)
-        assert book.totals["download"] == 3 * alone(model(), config)
-        assert book.totals["sparse_downloads"] == 0
+        charged = billing.count_download(book, cfg, round_plan(sent), model(), weights(), stateful)
+        assert charged["download"] == 3 * alone(model(), config)
+        assert charged["sparse_downloads"] == 0
 
 
 def test_a_catch_up_as_large_as_the_model_is_charged_but_not_counted_as_sparse() -> None:
     d = 238  # ten changed coordinates: a catch-up of exactly the model's serialized size
-    book = Books.start(d, True)
-    book.ledger.changed_at[:10] = 3
-    book.ledger.synced = {1: 3}
+    book = ledger_books(d, slice(0, 10), {1: 3})
     p = round_plan({11: [1]})
     record = caught_up(book, 1, False, d)
     assert record is not None and messages.wire_bytes(record) == messages.wire_bytes(model(d))
-    billing.count_download(book, run_config(download="sparse"), p, model(d), weights(d), False)
-    assert book.totals["download"] == alone(model(d), p.config)
-    assert book.totals["sparse_downloads"] == 0
+    charged = billing.count_download(book, run_config(download="sparse"), p, model(d), weights(d), False)
+    assert charged["download"] == alone(model(d), p.config)
+    assert charged["sparse_downloads"] == 0
 
 
 def test_arrays_for_single_clients_are_charged_as_serialized() -> None:
-    book = books()
     records = {cid: messages.payload_to_record(x) for cid, x in EXTRAS.items()}
-    billing.requests(book, records)
-    assert book.totals["download"] == sum(messages.wire_bytes(r) for r in records.values()) > 0
+    assert billing.requests(records) == {"download": sum(messages.wire_bytes(r) for r in records.values())}
+    assert billing.requests(records)["download"] > 0
 
 
 def spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
@@ -170,10 +173,7 @@ def sized(ledger: download.DownloadLedger, w: torch.Tensor) -> int | None:
 
 
 def ledger(d: int, changed: int) -> download.DownloadLedger:
-    out = download.new_ledger(d)
-    out.changed_at[:changed] = 3
-    out.synced = {1: 3}
-    return out
+    return ledger_books(d, slice(0, changed), {1: 3}).ledger
 
 
 @pytest.mark.parametrize("spare", [0, 1])
@@ -205,12 +205,10 @@ def test_only_a_one_byte_mask_is_built_to_be_sized(monkeypatch: pytest.MonkeyPat
 
 # ---------------------------------------------------------------------------------- one client per message
 def node_books() -> Books:
-    book = books()
-    book.node_cid = {100 + cid: cid for cid in range(1, 7)}
-    return book
+    return replace(books(), node_cid={100 + cid: cid for cid in range(1, 7)})
 
 
-def node_request(cfg: RunConfig, book: Books, node: int, extras: dict[int, ArrayRecord]) -> RecordDict:
+def node_request(cfg: RunConfig, book: Books, node: int, extras: dict[int, ArrayRecord]) -> tuple[RecordDict, Counts]:
     p = round_plan({node: []})
     return billing.node_request(book, cfg, p, node, model(), weights(), p.config, extras)
 
@@ -218,9 +216,9 @@ def node_request(cfg: RunConfig, book: Books, node: int, extras: dict[int, Array
 def test_a_device_that_kept_its_model_is_sent_and_charged_its_catch_up() -> None:
     cfg, book = run_config(download="sparse", **{"client-assignment": "node"}), node_books()
     extras = {1: messages.payload_to_record(EXTRAS[1])}
-    content = node_request(cfg, book, 101, extras)
-    assert book.totals["download"] == messages.wire_bytes(content)
-    assert book.totals["sparse_downloads"] == 1
+    content, charged = node_request(cfg, book, 101, extras)
+    assert charged["download"] == messages.wire_bytes(content)
+    assert charged["sparse_downloads"] == 1
     request = messages.read_request(content)
     assert request.weights is None and request.catch_up is not None and request.base_round == 3
     assert request.cids == [] and request.config["lr"] == 0.125 and request.server_round == ROUND
@@ -236,44 +234,42 @@ def test_a_device_that_kept_its_model_is_sent_and_charged_its_catch_up() -> None
 def test_a_device_holding_no_model_is_sent_and_charged_the_model(from_init: bool) -> None:
     cfg = run_config(download="sparse", **{"client-assignment": "node", "download-from-init": from_init})
     for node in (104, 999):  # forgotten; a node never heard from (with download-from-init: the initial model)
-        book = node_books()
-        content = node_request(cfg, book, node, {})
+        content, charged = node_request(cfg, node_books(), node, {})
         request = messages.read_request(content)
-        assert book.totals["download"] == messages.wire_bytes(content)
+        assert charged["download"] == messages.wire_bytes(content)
         if from_init and node == 999:
             assert request.catch_up is not None and request.base_round == download.INITIAL
             idx, values = decode_sparse_pairs(request.catch_up, D)
             assert idx.tolist() == list(range(100)) and torch.equal(values, weights()[:100])  # rounds 1 to 3
-            assert book.totals["sparse_downloads"] == 1
+            assert charged["sparse_downloads"] == 1
         else:
             assert request.catch_up is None and request.weights is not None
             assert np.array_equal(request.weights, weights().numpy())
-            assert book.totals["sparse_downloads"] == 0
+            assert charged["sparse_downloads"] == 0
 
 
 def test_with_dense_downloads_a_device_is_sent_the_model_whatever_the_ledger_holds() -> None:
-    book = node_books()
-    content = node_request(run_config(download="dense", **{"client-assignment": "node"}), book, 101, {})
+    content, charged = node_request(
+        run_config(download="dense", **{"client-assignment": "node"}), node_books(), 101, {}
+    )
     request = messages.read_request(content)
     assert request.catch_up is None and request.weights is not None
-    assert book.totals["download"] == messages.wire_bytes(content) and book.totals["sparse_downloads"] == 0
+    assert charged["download"] == messages.wire_bytes(content) and charged["sparse_downloads"] == 0
 
 
 def test_a_catch_up_message_as_large_as_the_model_message_leaves_the_model() -> None:
     d = 249  # sixteen changed coordinates: the two messages serialize to the same size
-    book = Books.start(d, True)
-    book.ledger.changed_at[:16] = 3
-    book.ledger.synced = {1: 3}
-    book.node_cid = {101: 1}
+    book = ledger_books(d, slice(0, 16), {1: 3}, node_cid={101: 1})
     p = round_plan({101: []})
     record = caught_up(book, 1, False, d)
     assert record is not None
     dense = messages.train_request(model(d), p.config, [], {})
     sparse = messages.train_request(record, {**p.config, wire.BASE_ROUND: 3}, [], {}, key=wire.CATCH_UP_KEY)
     assert messages.wire_bytes(sparse) == messages.wire_bytes(dense)
-    content = billing.node_request(book, run_config(download="sparse"), p, 101, model(d), weights(d), p.config, {})
+    cfg = run_config(download="sparse")
+    content, charged = billing.node_request(book, cfg, p, 101, model(d), weights(d), p.config, {})
     assert messages.read_request(content).catch_up is None
-    assert book.totals["download"] == messages.wire_bytes(dense) and book.totals["sparse_downloads"] == 0
+    assert charged["download"] == messages.wire_bytes(dense) and charged["sparse_downloads"] == 0
 
 
 # ------------------------------------------------------------------------------------------- a round's requests
@@ -284,10 +280,10 @@ def extra_records() -> dict[int, ArrayRecord]:
 @pytest.mark.parametrize("stateful", [False, True])
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 def test_a_cohort_round_sends_each_node_its_clients_and_bills_each_client(stateful: bool, mode: str) -> None:
-    cfg, book = run_config(download=mode), books(sparse=mode == "sparse")
-    book.applied = {1: 2, 4: 3}
+    cfg, book = run_config(download=mode), replace(books(sparse=mode == "sparse"), applied={1: 2, 4: 3})
     p = round_plan({11: [1, 2], 12: [3, 4]})
-    contents = billing.round_requests(book, cfg, p, model(), weights(), p.targets(book), extra_records(), stateful)
+    targets = p.targets(book)
+    contents, charged = billing.round_requests(book, cfg, p, model(), weights(), targets, extra_records(), stateful)
     assert set(contents) == {11, 12}
     for node, cids in p.sent.items():
         request = messages.read_request(contents[node])
@@ -307,20 +303,20 @@ def test_a_cohort_round_sends_each_node_its_clients_and_bills_each_client(statef
     else:  # clients 1 and 3 kept the model of round 3, 2 that of round 2, 4 was forgotten
         charges = [cohort_charge(books(), cid, False, config) for cid in range(1, 5)]
     extras = sum(messages.wire_bytes(r) for r in extra_records().values())
-    assert book.totals["download"] == sum(c for c, _ in charges) + extras
-    assert book.totals["sparse_downloads"] == sum(s for _, s in charges) == (3 if mode == "sparse" else 0)
-    assert book.totals["download_sent"] == sum(messages.wire_bytes(c) for c in contents.values())
+    assert charged["download"] == sum(c for c, _ in charges) + extras
+    assert charged["sparse_downloads"] == sum(s for _, s in charges) == (3 if mode == "sparse" else 0)
+    assert charged["download_sent"] == sum(messages.wire_bytes(c) for c in contents.values())
 
 
 @pytest.mark.parametrize("stateful", [False, True])
 def test_a_round_of_devices_bills_each_message_as_sent(stateful: bool) -> None:
-    cfg, book = run_config(download="sparse", **{"client-assignment": "node"}), node_books()
-    book.applied = {1: 3}
+    cfg, book = run_config(download="sparse", **{"client-assignment": "node"}), replace(node_books(), applied={1: 3})
     p = round_plan({101: [], 104: [], 999: []})
-    contents = billing.round_requests(book, cfg, p, model(), weights(), p.targets(book), extra_records(), stateful)
+    targets = p.targets(book)
+    contents, charged = billing.round_requests(book, cfg, p, model(), weights(), targets, extra_records(), stateful)
     sent = sum(messages.wire_bytes(c) for c in contents.values())
-    assert book.totals["download"] == book.totals["download_sent"] == sent
-    assert book.totals["sparse_downloads"] == 1
+    assert charged["download"] == charged["download_sent"] == sent
+    assert charged["sparse_downloads"] == 1
     first, forgotten, new = (messages.read_request(contents[n]) for n in (101, 104, 999))
     assert first.catch_up is not None and first.base_round == 3 and set(first.extras) == {1}
     assert forgotten.catch_up is None and np.array_equal(forgotten.weights, weights().numpy())
@@ -353,9 +349,9 @@ def query_charge() -> int:
 
 @pytest.mark.usefixtures("identity")
 def test_a_second_exchange_asks_a_cohort_only_the_clients_that_answered() -> None:
-    book, p = books(sparse=False), round_plan({11: [1, 2], 12: [3], 13: [4], 14: [5, 6]})
+    p = round_plan({11: [1, 2], 12: [3], 13: [4], 14: [5, 6]})
     updates = [update(3, 12), update(1, 11), update(6, 14), update(2, 11)]
-    sent, requests = billing.second_exchange(book, run_config(), p, updates, QUERY)
+    sent, requests, charged = billing.second_exchange(run_config(), p, updates, QUERY)
     assert sent == {11: [1, 2], 12: [3], 14: [6]}
     assert [m.metadata.dst_node_id for m in requests] == [11, 12, 14]
     for m in requests:
@@ -363,18 +359,22 @@ def test_a_second_exchange_asks_a_cohort_only_the_clients_that_answered() -> Non
         request = messages.read_request(m.content)
         assert request.phase == 2 and request.server_round == ROUND and request.cids == sent[m.metadata.dst_node_id]
         assert request.query is not None and np.array_equal(request.query["q"], QUERY["q"])
-    assert book.totals["download"] == 4 * query_charge()
-    assert book.totals["download_sent"] == sum(messages.wire_bytes(m.content) for m in requests)
+    assert charged == {
+        "download": 4 * query_charge(),
+        "download_sent": sum(messages.wire_bytes(m.content) for m in requests),
+    }
 
 
 @pytest.mark.usefixtures("identity")
 def test_a_second_exchange_asks_each_device_that_answered() -> None:
-    book, p = books(sparse=False), round_plan({101: [], 102: [], 103: []})
+    p = round_plan({101: [], 102: [], 103: []})
     cfg = run_config(**{"client-assignment": "node"})
-    sent, requests = billing.second_exchange(book, cfg, p, [update(7, 103), update(5, 101)], QUERY)
+    sent, requests, charged = billing.second_exchange(cfg, p, [update(7, 103), update(5, 101)], QUERY)
     assert sent == {103: [], 101: []}
     assert [m.metadata.dst_node_id for m in requests] == [103, 101]
     assert all(messages.read_request(m.content).cids == [] for m in requests)
-    assert book.totals["download"] == 2 * query_charge()
-    assert book.totals["download_sent"] == sum(messages.wire_bytes(m.content) for m in requests)
+    assert charged == {
+        "download": 2 * query_charge(),
+        "download_sent": sum(messages.wire_bytes(m.content) for m in requests),
+    }
     assert all(isinstance(m.content[wire.CONFIG_KEY], ConfigRecord) for m in requests)

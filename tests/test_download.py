@@ -46,25 +46,26 @@ def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
             else:
                 kept[cid] = download.apply_catch_up(kept[cid], payload)
             np.testing.assert_array_equal(kept[cid], weights.numpy())
-        download.mark_synced(ledger, chosen, rnd)
+        ledger = download.mark_synced(ledger, chosen, rnd)
         support = torch.randperm(d, generator=gen)[: int(torch.randint(1, 200, (1,), generator=gen))]
         after = weights.clone()
         after[support] -= torch.randn(len(support), generator=gen)
-        assert download.record_update(ledger, rnd, weights, after) == len(support)
+        ledger, changed = download.record_update(ledger, rnd, weights, after)
+        assert changed == len(support)
         weights = after
 
 
 def test_a_client_is_sent_the_coordinates_changed_since_its_sync_and_no_others() -> None:
     ledger = download.new_ledger(10)
     w0 = torch.zeros(10)
-    download.mark_synced(ledger, [7], 1)
+    ledger = download.mark_synced(ledger, [7], 1)
     w1 = w0.clone()
     w1[[2, 5]] = 1.0
-    download.record_update(ledger, 1, w0, w1)
-    download.mark_synced(ledger, [8], 2)
+    ledger, _ = download.record_update(ledger, 1, w0, w1)
+    ledger = download.mark_synced(ledger, [8], 2)
     w2 = w1.clone()
     w2[3] = 2.0
-    download.record_update(ledger, 2, w1, w2)
+    ledger, _ = download.record_update(ledger, 2, w1, w2)
     assert download.catch_up(ledger, 9, 3, w2) is None
     got7, got8 = download.catch_up(ledger, 7, 3, w2), download.catch_up(ledger, 8, 3, w2)
     assert got7 is not None and got8 is not None
@@ -236,11 +237,11 @@ def test_from_init_a_new_client_is_sent_what_changed_since_round_one_and_a_faile
     assert first is not None and decode_sparse_pairs(first, 10)[0].tolist() == []  # round 1 sends the initial model
     w1 = w0.clone()
     w1[[1, 6]] = 3.0
-    download.record_update(ledger, 1, w0, w1)
-    download.mark_synced(ledger, [5], 2)
+    ledger, _ = download.record_update(ledger, 1, w0, w1)
+    ledger = download.mark_synced(ledger, [5], 2)
     w2 = w1.clone()
     w2[8] = 4.0
-    download.record_update(ledger, 2, w1, w2)
+    ledger, _ = download.record_update(ledger, 2, w1, w2)
     new = download.catch_up(ledger, 4, 3, w2, from_init=True)
     assert new is not None
     idx, val = decode_sparse_pairs(new, 10)
@@ -248,10 +249,10 @@ def test_from_init_a_new_client_is_sent_what_changed_since_round_one_and_a_faile
     np.testing.assert_array_equal(download.apply_catch_up(w0.numpy(), new), w2.numpy())
     returning = download.catch_up(ledger, 5, 3, w2, from_init=True)
     assert returning is not None and decode_sparse_pairs(returning, 10)[0].tolist() == [8]
-    download.forget(ledger, [4, 5])
+    ledger = download.forget(ledger, [4, 5])
     assert download.catch_up(ledger, 4, 3, w2, from_init=True) is None  # it may hold nothing: the dense model
     assert download.catch_up(ledger, 5, 3, w2, from_init=True) is None
-    download.mark_synced(ledger, [5], 3)
+    ledger = download.mark_synced(ledger, [5], 3)
     assert download.base_round(ledger, 5, True) == 3
 
 

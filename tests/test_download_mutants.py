@@ -20,19 +20,20 @@ def _ledger_with_two_rounds() -> tuple[download.DownloadLedger, torch.Tensor]:
     w0 = torch.zeros(6, dtype=torch.float64)
     w1 = w0.clone()
     w1[[1, 4]] = torch.tensor([0.1, -2.5], dtype=torch.float64)
-    download.record_update(ledger, 1, w0, w1)
+    ledger, _ = download.record_update(ledger, 1, w0, w1)
     w2 = w1.clone()
     w2[2] = 1.0 / 3.0
-    download.record_update(ledger, 2, w1, w2)
-    download.mark_synced(ledger, [3], 2)
+    ledger, _ = download.record_update(ledger, 2, w1, w2)
+    ledger = download.mark_synced(ledger, [3], 2)
     return ledger, w2
 
 
 def test_a_one_parameter_model_has_a_ledger_and_an_empty_one_is_refused_by_name() -> None:
     ledger = download.new_ledger(1)
     assert ledger.changed_at.tolist() == [0] and ledger.changed_at.dtype == torch.int32
-    assert download.record_update(ledger, 5, torch.zeros(1), torch.ones(1)) == 1
-    assert ledger.changed_at.tolist() == [5]
+    after, changed = download.record_update(ledger, 5, torch.zeros(1), torch.ones(1))
+    assert changed == 1 and after.changed_at.tolist() == [5]
+    assert ledger.changed_at.tolist() == [0]  # a value: the ledger it was given is as it was
     for d in (0, -3):
         with pytest.raises(ValueError, match=rf"^model size d must be > 0; got {d}$"):
             download.new_ledger(d)
@@ -46,11 +47,21 @@ def test_weights_of_either_wrong_shape_are_refused_and_the_ledger_is_left_as_it_
     assert ledger.changed_at.tolist() == [0, 0, 0, 0]
 
 
+def test_syncing_and_forgetting_give_new_ledgers_and_leave_the_given_one_as_it_was() -> None:
+    ledger, _ = _ledger_with_two_rounds()
+    synced = download.mark_synced(ledger, [4, 5], 3)
+    forgotten = download.forget(synced, [3, 4])
+    assert dict(ledger.synced) == {3: 2}
+    assert dict(synced.synced) == {3: 2, 4: 3, 5: 3}
+    assert dict(forgotten.synced) == {3: download.FORGOTTEN, 4: download.FORGOTTEN, 5: 3}
+    assert forgotten.changed_at is ledger.changed_at  # what no round changed is shared, not copied
+
+
 def test_a_client_that_holds_no_model_has_no_catch_up_values_and_the_error_names_it() -> None:
     ledger, weights = _ledger_with_two_rounds()
     with pytest.raises(ValueError, match=r"^client 9 holds no model: it is sent the dense one$"):
         download.catch_up_values(ledger, 9, weights, False)
-    download.forget(ledger, [3])
+    ledger = download.forget(ledger, [3])
     with pytest.raises(ValueError, match=r"^client 3 holds no model: it is sent the dense one$"):
         download.catch_up_values(ledger, 3, weights, True)
     with pytest.raises(ValueError, match=r"^client None holds no model: it is sent the dense one$"):

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm
@@ -76,9 +75,11 @@ def test_the_noisy_mean_clips_each_payload_to_the_bound_before_summing() -> None
     assert noisy.loss == 2.0  # the NaN loss is left out of the mean
 
 
-def screened(cfg: RunConfig, updates: list[ClientUpdate], d: int, seed: int = 0) -> tuple[list[ClientUpdate], Books]:
-    books = Books.start(d, False)
-    return guard.screen(cfg, get_method(cfg.strategy), books, seeded(seed), d, updates), books
+def screened(
+    cfg: RunConfig, updates: list[ClientUpdate], d: int, seed: int = 0
+) -> tuple[list[ClientUpdate], guard.Screened]:
+    done = guard.screen(cfg, get_method(cfg.strategy), seeded(seed), d, updates)
+    return done.updates, done
 
 
 def test_dp_screening_is_the_noisy_mean_at_clip_norm_times_the_sensitivity() -> None:
@@ -90,8 +91,8 @@ def test_dp_screening_is_the_noisy_mean_at_clip_norm_times_the_sensitivity() -> 
     inside[0, 0], on_bound[1, 2] = 3.0, 4.0  # Frobenius norms 3 and exactly 4: neither is clipped
     huge = np.full((4, 50), 10.0, np.float32)
     updates = [ClientUpdate(c, {"table": t}, 10, 0.0, 0) for c, t in enumerate((inside, on_bound, huge))]
-    out, books = screened(cfg, updates, 200, seed=9)
-    assert len(out) == 1 and books.dp_rounds == 1 and books.totals["clipped"] == 1
+    out, done = screened(cfg, updates, 200, seed=9)
+    assert len(out) == 1 and done.noised and done.clipped == 1
     want = guard.noisy_mean(updates, bound, 0.5, 4, seeded(9))
     assert np.array_equal(out[0].payload["table"], want.payload["table"])
     assert not np.array_equal(want.payload["table"], guard.noisy_mean(updates, 2.0, 0.5, 4, seeded(9)).payload["table"])
@@ -100,17 +101,17 @@ def test_dp_screening_is_the_noisy_mean_at_clip_norm_times_the_sensitivity() -> 
 def test_dp_below_one_still_adds_noise() -> None:
     cfg = RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": 1.0, "dp-noise-multiplier": 0.5})
     updates = [ClientUpdate(0, {"update": np.zeros(1000, np.float32)}, 1, 0.0, 0)]
-    out, books = screened(cfg, updates, 1000, seed=1)
+    out, done = screened(cfg, updates, 1000, seed=1)
     noise = out[0].payload["update"].astype(np.float64) * cfg.clients_per_round
-    assert books.dp_rounds == 1 and noise.std() == pytest.approx(0.5, rel=0.1)
+    assert done.noised and noise.std() == pytest.approx(0.5, rel=0.1)
 
 
 def test_clip_norm_zero_leaves_every_update_and_a_bound_below_one_still_clips() -> None:
     updates = [ClientUpdate(c, {"update": np.array([3.0, 4.0], np.float32) * c}, 1, 0.0, 0) for c in (1, 2)]
-    off, books = screened(RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": 0.0}), updates, 2)
-    assert all(a is b for a, b in zip(off, updates)) and books.totals["clipped"] == 0
-    half, books = screened(RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": 0.5}), updates, 2)
-    assert [payload_norm(u) for u in half] == pytest.approx([0.5, 0.5], rel=1e-6) and books.totals["clipped"] == 2
+    off, done = screened(RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": 0.0}), updates, 2)
+    assert all(a is b for a, b in zip(off, updates)) and done.clipped == 0
+    half, done = screened(RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": 0.5}), updates, 2)
+    assert [payload_norm(u) for u in half] == pytest.approx([0.5, 0.5], rel=1e-6) and done.clipped == 2
 
 
 def test_fetchsgd_clipping_scales_a_table_to_the_bound_of_its_own_norm_estimate() -> None:
@@ -121,12 +122,12 @@ def test_fetchsgd_clipping_scales_a_table_to_the_bound_of_its_own_norm_estimate(
         sketch = CountSketch(d, 4, 50, seed=cfg.seed)
         sketch.accumulate(scale * torch.randn(d, generator=gen) / math.sqrt(d))
         updates.append(ClientUpdate(cid, {"table": sketch.table.numpy()}, 10, 0.0, 0))
-    out, books = screened(cfg, updates, d)
+    out, done = screened(cfg, updates, d)
 
     def estimate(u: ClientUpdate) -> float:
         return CountSketch.from_table(torch.from_numpy(u.payload["table"]), d, cfg.seed).l2_estimate()
 
-    assert books.totals["clipped"] == 1
+    assert done.clipped == 1
     assert out[0] is updates[0] and estimate(updates[0]) < 1.0
     assert estimate(out[1]) == pytest.approx(1.0, rel=1e-6)
     # not the table's Frobenius norm: the median row has norm 1, one more row at least 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
@@ -44,25 +46,25 @@ class Connecting(InProcessGrid):
 
 def test_a_stateless_round_spreads_its_sorted_clients_over_the_sorted_nodes_in_turn() -> None:
     cfg = RunConfig.from_mapping({"num-clients": 30, "clients-per-round": 8, "seed": 4})
-    books = Books.start(1, False)  # the same books every round: a stateless round must not use homes
+    homes = {4: 102}  # a stateless round leaves the homes it is given as they are, and uses none of them
     for rnd in range(1, 6):
-        sent = plan.assign(cfg, rnd, grid_of(cfg, 3), books, stateful=False)
+        sent, kept = plan.assign(cfg, rnd, grid_of(cfg, 3), homes, stateful=False)
         cids = plan.sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round)
         assert sent == {node: cids[i::3] for i, node in enumerate(NODES)}, rnd
-    assert books.homes == {}
+        assert kept is homes
 
 
 def test_a_stateful_client_stays_on_its_home_node_and_homes_stay_balanced() -> None:
     cfg = RunConfig.from_mapping({"num-clients": 12, "clients-per-round": 5, "seed": 2})
-    books = Books.start(1, False)
+    homes: Mapping[int, int] = {}
     first_home: dict[int, int] = {}
     for rnd in range(1, 30):
-        sent = plan.assign(cfg, rnd, grid_of(cfg, 3), books, stateful=True)
+        sent, homes = plan.assign(cfg, rnd, grid_of(cfg, 3), homes, stateful=True)
         placed = {cid: node for node, cids in sent.items() for cid in cids}
         assert sorted(placed) == plan.sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round)
         for cid, node in placed.items():
             assert first_home.setdefault(cid, node) == node, (rnd, cid)
-        assert books.homes == first_home
+        assert homes == first_home
     homes_per_node = [list(first_home.values()).count(n) for n in NODES]
     assert sum(homes_per_node) == 12 and max(homes_per_node) - min(homes_per_node) <= 1
 
@@ -88,15 +90,15 @@ def test_a_client_whose_home_node_is_gone_is_rehomed_and_reported_lost() -> None
 def test_the_round_warns_which_clients_lost_their_node(caplog: pytest.LogCaptureFixture) -> None:
     cfg = RunConfig.from_mapping({"num-clients": 10, "clients-per-round": 4, "seed": 1})
     cids = plan.sample_clients(cfg.seed, 7, cfg.num_clients, cfg.clients_per_round)
-    books = Books.start(1, False)
-    books.homes = {cids[0]: 999, cids[2]: 102}
+    homes = {cids[0]: 999, cids[2]: 102}
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        sent = plan.assign(cfg, 7, grid_of(cfg, 2), books, stateful=True)
+        sent, new_homes = plan.assign(cfg, 7, grid_of(cfg, 2), homes, stateful=True)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings] == [
         f"round 7: clients [{cids[0]}] lost their node and start without state"
     ]
-    assert books.homes[cids[0]] in (101, 102) and books.homes[cids[2]] == 102
+    assert new_homes[cids[0]] in (101, 102) and new_homes[cids[2]] == 102
+    assert homes == {cids[0]: 999, cids[2]: 102}  # the caller's map is not changed
     assert cids[2] in sent[102]
 
 
@@ -137,8 +139,7 @@ def test_a_request_tells_each_stateful_client_its_last_applied_round_or_none() -
 
 
 def test_a_plan_counts_and_names_its_logical_clients() -> None:
-    books = Books.start(1, False)
-    books.node_cid = {102: 7}
+    books = replace(Books.start(1, False), node_cid={102: 7})
     rp = plan.RoundPlan(2, grid_of(RunConfig.from_mapping({}), 3), {101: [1, 4], 102: [], 103: []}, {}, {})
     assert rp.sampled() == 4  # two logical clients on 101, and each deployed node its own
     assert rp.targets(books) == {101: [1, 4], 102: [7], 103: [wire.NEW_CLIENT]}

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm
@@ -33,10 +32,10 @@ def update_of_norm(cid: int, norm: float, rng: np.random.Generator) -> ClientUpd
     return ClientUpdate(cid, {"update": v}, 10, 0.0, 0)
 
 
-def screened(updates: list[ClientUpdate]) -> tuple[list[ClientUpdate], Books]:
+def screened(updates: list[ClientUpdate]) -> tuple[list[ClientUpdate], guard.Screened]:
     cfg = RunConfig.from_mapping({"strategy": "fedavg", "clip-norm": BOUND})
-    books = Books.start(D, False)
-    return guard.screen(cfg, get_method("fedavg"), books, guard.noise_generator(), D, updates), books
+    done = guard.screen(cfg, get_method("fedavg"), guard.noise_generator(), D, updates)
+    return done.updates, done
 
 
 def test_updates_inside_the_bound_are_left_bit_identical() -> None:
@@ -45,18 +44,18 @@ def test_updates_inside_the_bound_are_left_bit_identical() -> None:
     exact = np.zeros(D, np.float32)
     exact[3] = BOUND  # norm exactly the bound: not above it
     updates = [update_of_norm(i, n, rng) for i, n in enumerate(norms)] + [ClientUpdate(99, {"update": exact}, 1, 0, 0)]
-    out, books = screened(updates)
+    out, done = screened(updates)
     for before, after in zip(updates, out):
         got = after.payload["update"]
         assert got.dtype == np.float32 and np.array_equal(got, before.payload["update"]), before.cid
-    assert books.totals["clipped"] == 0
+    assert done.clipped == 0
 
 
 def test_updates_outside_the_bound_are_scaled_to_exactly_the_bound_in_their_direction() -> None:
     rng = np.random.default_rng(1)
     norms = [BOUND * 1.001, BOUND * 2, 1e4, *(BOUND * f for f in rng.uniform(1.01, 50.0, 30))]
     updates = [update_of_norm(i, n, rng) for i, n in enumerate(norms)]
-    out, books = screened(updates)
+    out, done = screened(updates)
     for before, after in zip(updates, out):
         got = after.payload["update"].astype(np.float64)
         assert after.payload["update"].dtype == np.float32
@@ -64,7 +63,7 @@ def test_updates_outside_the_bound_are_scaled_to_exactly_the_bound_in_their_dire
         sent = before.payload["update"].astype(np.float64)
         cosine = got @ sent / (np.linalg.norm(got) * np.linalg.norm(sent))
         assert cosine == pytest.approx(1.0, abs=1e-6)
-    assert books.totals["clipped"] == len(updates)
+    assert done.clipped == len(updates)
 
 
 def test_a_mixed_round_clips_exactly_the_updates_above_the_bound() -> None:
@@ -72,9 +71,9 @@ def test_a_mixed_round_clips_exactly_the_updates_above_the_bound() -> None:
         rng = np.random.default_rng(seed)
         norms = rng.uniform(0.0, 2 * BOUND, 8)
         updates = [update_of_norm(i, float(n), rng) for i, n in enumerate(norms)]
-        out, books = screened(updates)
+        out, done = screened(updates)
         above = [payload_norm(u) > BOUND for u in updates]
-        assert books.totals["clipped"] == sum(above)
+        assert done.clipped == sum(above)
         for before, after, big in zip(updates, out, above):
             if big:
                 assert payload_norm(after) == pytest.approx(BOUND, rel=1e-6)

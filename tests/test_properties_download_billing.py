@@ -10,6 +10,7 @@ never took part pays (the dense model and the round's config), in simulation
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import numpy as np
@@ -18,7 +19,7 @@ from flwr.serverapp import Grid
 
 from clients import messages
 from fedsketch import download
-from fedsketch.books import Books
+from fedsketch.books import Books, Counts
 from fedsketch.config import RunConfig
 from strategies import billing
 from strategies.plan import RoundPlan
@@ -33,15 +34,16 @@ def history(rng: np.random.Generator) -> tuple[Books, int, torch.Tensor]:
     and its model."""
     d, rounds = int(rng.integers(4, 400)), int(rng.integers(2, 12))
     books = Books.start(d, True)
+    ledger = books.ledger
     weights = torch.from_numpy(rng.standard_normal(d).astype(np.float32))
     for rnd in range(1, rounds):
         after = weights.clone()
         changed = rng.random(d) < rng.choice([0.0, 0.01, 0.1, 0.5, 0.9, 1.0])
         after[torch.from_numpy(changed)] += 1.0
-        download.mark_synced(books.ledger, [c for c in range(CLIENTS) if rng.random() < 0.4], rnd)
-        download.record_update(books.ledger, rnd, weights, after)
+        ledger = download.mark_synced(ledger, [c for c in range(CLIENTS) if rng.random() < 0.4], rnd)
+        ledger, _ = download.record_update(ledger, rnd, weights, after)
         weights = after
-    return books, rounds, weights
+    return replace(books, ledger=ledger), rounds, weights
 
 
 def round_plan(server_round: int, sent: dict[int, list[int]]) -> RoundPlan:
@@ -50,17 +52,14 @@ def round_plan(server_round: int, sent: dict[int, list[int]]) -> RoundPlan:
 
 def cohort_charge(books: Books, cfg: RunConfig, server_round: int, w: torch.Tensor, cid: int) -> int:
     """What client ``cid`` is charged for this round's model, as one of a cohort (``count_download``)."""
-    before = books.totals["download"]
-    billing.count_download(books, cfg, round_plan(server_round, {1: [cid]}), messages.model_record(w.numpy()), w, False)
-    return books.totals["download"] - before
+    p = round_plan(server_round, {1: [cid]})
+    return billing.count_download(books, cfg, p, messages.model_record(w.numpy()), w, False)["download"]
 
 
-def node_charge(books: Books, cfg: RunConfig, server_round: int, w: torch.Tensor, node: int) -> int:
+def node_charge(books: Books, cfg: RunConfig, server_round: int, w: torch.Tensor, node: int) -> Counts:
     """What the device ``node`` is charged for this round's message (``node_request``)."""
-    before = books.totals["download"]
     p = round_plan(server_round, {node: []})
-    billing.node_request(books, cfg, p, node, messages.model_record(w.numpy()), w, p.config, {})
-    return books.totals["download"] - before
+    return billing.node_request(books, cfg, p, node, messages.model_record(w.numpy()), w, p.config, {})[1]
 
 
 def catch_up_bytes(books: Books, cid: int, server_round: int, w: torch.Tensor) -> int | None:
@@ -92,10 +91,9 @@ def test_a_catch_up_is_never_billed_above_the_dense_message_with_one_client_per_
         dense = messages.wire_bytes(messages.train_request(messages.model_record(w.numpy()), config, [], {}))
         model_bytes = messages.wire_bytes(messages.model_record(w.numpy()))
         for cid in range(CLIENTS):
-            books.node_cid[101 + cid] = cid
-            sparse_before = books.totals["sparse_downloads"]
-            assert node_charge(books, cfg, rnd, w, 101 + cid) <= dense
-            caught_up += books.totals["sparse_downloads"] - sparse_before
+            charged = node_charge(replace(books, node_cid={101 + cid: cid}), cfg, rnd, w, 101 + cid)
+            assert charged["download"] <= dense
+            caught_up += charged["sparse_downloads"]
             size = catch_up_bytes(books, cid, rnd, w)
             larger += size is not None and size > model_bytes
     assert caught_up > 20 and larger > 20

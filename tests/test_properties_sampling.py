@@ -17,7 +17,6 @@ from typing import cast
 from flwr.serverapp import Grid
 
 from experiments.running.inprocess_grid import InProcessGrid
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
 from strategies import plan
 
@@ -29,7 +28,7 @@ def cohorts(cfg: RunConfig, rounds: range, nodes: int = 2) -> dict[int, tuple[in
     grid = cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
     out = {}
     for rnd in rounds:
-        sent = plan.assign(cfg, rnd, grid, Books.start(1, False), stateful=False)
+        sent, _ = plan.assign(cfg, rnd, grid, {}, stateful=False)
         out[rnd] = tuple(sorted(c for node, cids in sent.items() for c in (cids or [node])))
     return out
 

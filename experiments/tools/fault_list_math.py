@@ -104,7 +104,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     _fault(
         "applied-never-marked",
         "strategies/strategy.py",
-        "self.books.applied.update(dict.fromkeys(used, server_round))",
+        "self.values = self.values.book(applied={**self.books.applied, **dict.fromkeys(used, server_round)})",
         "pass",
         EXACT,
         "the server never tells a client its upload was applied",
