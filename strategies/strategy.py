@@ -164,32 +164,29 @@ class FedSketchStrategy(Strategy):
         first, spent = self.resume()
         start = time.perf_counter() - spent
         for rnd in range(first, num_rounds + 1):
-            if self.cfg.secure_aggregation:
-                self.secure_round(rnd, grid, train_config or ConfigRecord())
-            else:
-                arrays = messages.model_record(self.weights.cpu().numpy())
-                requests = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
-                replies, self.requested = exchange(grid, requests, timeout or self.cfg.round_timeout)
-                self.aggregate_train(rnd, replies)
-            self.values = replace(self.values, server_round=rnd)
+            self.run_round(rnd, grid, train_config or ConfigRecord(), timeout)
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
             resume.checkpoint_round(self.cfg, self.out_dir, num_rounds, time.perf_counter() - start, self.values)
-        result = Result()
-        result.arrays = messages.model_record(self.weights.cpu().numpy())
-        return result
+        return Result(arrays=messages.model_record(self.weights.cpu().numpy()))
+
+    def run_round(self, server_round: int, grid: Grid, config: ConfigRecord, timeout: float | None = None) -> None:
+        """One round's exchange and step, plain or through secure aggregation; no evaluation, no checkpoint."""
+        if self.cfg.secure_aggregation:
+            self.secure_round(server_round, grid, config)
+        else:
+            arrays = messages.model_record(self.weights.cpu().numpy())
+            requests = list(self.configure_train(server_round, arrays, config, grid))
+            replies, self.requested = exchange(grid, requests, timeout or self.cfg.round_timeout)
+            self.aggregate_train(server_round, replies)
+        self.values = replace(self.values, server_round=server_round)
 
     def secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
         """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
         self.plan = p = self.plan_round(server_round, config, grid)
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         done = secure.secure_round(
-            p,
-            self.weights.cpu().numpy(),
-            layout,
-            self.dense_bytes,
-            self.max_examples,
-            self.cfg.round_timeout,
+            p, self.weights.cpu().numpy(), layout, self.dense_bytes, self.max_examples, self.cfg.round_timeout
         )
         self.values = self.values.book(done.counts).book(records.failure_counts(done.replies))
         if done.refused:

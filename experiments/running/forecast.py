@@ -3,7 +3,8 @@
 FetchSGD (Rothchild et al., ICML 2020) and its baselines are compared by accuracy against bytes
 sent; this module says what each run of an experiment will send before any Flower process starts.
 Each run's first round runs once, in this process, through the real strategy and the real
-ClientApp (:mod:`experiments.running.inprocess_grid`: one gradient per sampled client, no Flower process), and
+ClientApp (:mod:`experiments.running.inprocess_grid`: each sampled client's update as the run computes it, no
+Flower process, and no evaluation of the model, which bills nothing), and
 every byte is billed by the run's own code (:mod:`strategies.billing`, :mod:`strategies.replies`),
 so a run's first round bills exactly these figures (secure aggregation aside, :func:`secure_note`):
 what a client uploads depends on its data
@@ -110,7 +111,8 @@ def _quiet_flower() -> Iterator[None]:
 
 
 def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
-    """Run round 1 of ``cfg`` in this process (real strategy, real ClientApp, no Flower process); what it billed.
+    """Run round 1 of ``cfg`` in this process (real strategy, real ClientApp, no Flower process, no evaluation); what
+    it billed.
 
     ``nodes``: the simulated nodes the run will have (``--supernodes``). A client is billed alike on any
     number of them except under secure aggregation, whose bytes are the nodes' (:func:`secure_note`);
@@ -119,6 +121,7 @@ def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
     checked by :func:`experiments.running.preflight.check_runs`): they are one round's clients, and where a
     client keeps its state changes nothing it sends. Nothing is written to disk.
     """
+    from flwr.app import ConfigRecord
     from flwr.serverapp import Grid
 
     from experiments.running.inprocess_grid import InProcessGrid, task_identity
@@ -129,7 +132,7 @@ def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
     nodes = dry.num_clients if dry.client_assignment == "node" else max(nodes, dry.min_nodes)
     strat = build_strategy(dry, None)
     with task_identity(), _quiet_flower():
-        strat.start(cast(Grid, InProcessGrid(dry.to_mapping(), num_nodes=nodes)), num_rounds=1)
+        strat.run_round(1, cast(Grid, InProcessGrid(dry.to_mapping(), num_nodes=nodes)), ConfigRecord())
     totals = strat.books.totals
     sampled = strat.plan.sampled() if strat.plan is not None else 0
     return FirstRound(strat.d, sampled, totals["clients"], totals["upload"], totals["download"])
@@ -233,8 +236,8 @@ def secure_note(labels: Sequence[str]) -> str:
 def source_note(seconds: float) -> str:
     """Where the figures come from, and what each column is."""
     return (
-        f"Round 1 of each run, run in this process ({seconds:.1f} s, one gradient per sampled client, no Flower "
-        "process) and billed by the run's own code: up/round and down/round are its upload_bytes and download_bytes "
+        f"Round 1 of each run, run in this process ({seconds:.1f} s, each sampled client's own update, no Flower "
+        "process, no evaluation) and billed by the run's own code: up/round and down/round are its upload_bytes and download_bytes "
         "to the byte; up/client is their mean over the clients that answered, down/client over those asked."
     )
 
