@@ -19,11 +19,9 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from clients import messages
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.books import Books
 from fedsketch.config import RunConfig
-from strategies.replies import exchange
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 from strategies.values import ServerValues
@@ -32,11 +30,8 @@ BASE = {"num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 30, 
 
 
 def one_round(strat: FedSketchStrategy, grid: InProcessGrid, server_round: int) -> None:
-    """What :meth:`FedSketchStrategy.start` does for one round (plain uploads), then the round's row."""
-    arrays = messages.model_record(strat.weights.cpu().numpy())
-    requests = list(strat.configure_train(server_round, arrays, ConfigRecord(), cast(Grid, grid)))
-    replies, strat.requested = exchange(cast(Grid, grid), requests, 30.0)
-    strat.aggregate_train(server_round, replies)
+    """What :meth:`FedSketchStrategy.start` does for one round: the round, then its metrics row."""
+    strat.run_round(server_round, cast(Grid, grid), ConfigRecord())
     strat.log_row(server_round, 0.0)
 
 
