@@ -33,7 +33,7 @@ class ServerValues:
 
     def book(self, counts: Counts | None = None, **fields: Any) -> ServerValues:
         """These values with new books: ``counts`` added, the named fields of :class:`Books` replaced."""
-        return replace(self, books=replace(self.books.add(counts or {}), **fields))
+        return replace(self, books=replace(self.books.add(counts) if counts else self.books, **fields))
 
     def generator(self) -> torch.Generator:
         """A generator at the saved noise state (draw from it, then keep its new state)."""

@@ -51,7 +51,7 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         if isinstance(x, torch.Tensor):
             if not torch.equal(x, y):
                 return False
-        elif x != y and not (math.isnan(x) and math.isnan(y) if isinstance(x, float) else False):
+        elif x != y and not (isinstance(x, float) and math.isnan(x) and math.isnan(y)):
             return False
     return True
 

@@ -237,8 +237,9 @@ def source_note(seconds: float) -> str:
     """Where the figures come from, and what each column is."""
     return (
         f"Round 1 of each run, run in this process ({seconds:.1f} s, each sampled client's own update, no Flower "
-        "process, no evaluation) and billed by the run's own code: up/round and down/round are its upload_bytes and download_bytes "
-        "to the byte; up/client is their mean over the clients that answered, down/client over those asked."
+        "process, no evaluation) and billed by the run's own code: up/round and down/round are its upload_bytes "
+        "and download_bytes to the byte; up/client is their mean over the clients that answered, down/client over "
+        "those asked."
     )
 
 
