@@ -1,0 +1,61 @@
+"""docs/architecture.md's list of the files one FetchSGD round passes through is the traced one.
+
+:mod:`experiments.tools.round_files` runs the default job's FetchSGD through a
+real Flower simulation and records every product function called during round
+2; the architecture page's table must name exactly those files, and its count
+must be their number.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "architecture.md"
+SECTION = "## One FetchSGD round, file by file"
+
+
+def documented() -> tuple[set[str], int]:
+    """The files the section's table names, and the count its text gives."""
+    text = PAGE.read_text(encoding="utf-8")
+    body = text[text.index(SECTION) + len(SECTION) :].split("\n## ", 1)[0]
+    rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| #")]
+    files = {path for row in rows for path in re.findall(r"`([\w/]+\.py)`", row)}
+    count = re.search(r"the table names (\d+) product files", body)
+    assert count is not None, "the section no longer says how many files its table names"
+    return files, int(count.group(1))
+
+
+def traced(*settings: str) -> dict[str, int]:
+    """The files round 2 passed through, from the tool run in a fresh process."""
+    command = [sys.executable, "-m", "experiments.tools.round_files", "--json"]
+    if settings:
+        command += ["--set", *settings]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    files: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return files
+
+
+@pytest.mark.slow
+def test_the_architecture_page_names_every_file_a_fetchsgd_round_passes_through_and_no_other() -> None:
+    files = traced()
+    listed, count = documented()
+    assert sorted(set(files) - listed) == [], "files the round runs that the table does not name"
+    assert sorted(listed - set(files)) == [], "files the table names that the round does not run"
+    assert count == len(files)
+    for core in ("strategies/strategy.py", "fedsketch/methods/fetchsgd.py", "fedsketch/sketch.py"):
+        assert files[core] > 0
+
+
+@pytest.mark.slow
+def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
+    files = traced("download=sparse", "client-assignment=node")
+    assert "fedsketch/download.py" in files and "fedsketch/compress/sparse.py" in files
+    assert set(documented()[0]) <= set(files)
