@@ -33,10 +33,8 @@ def documented() -> tuple[set[str], int]:
 
 
 def traced(*settings: str) -> dict[str, int]:
-    """The files round 2 passed through, from the tool run in a fresh process."""
-    command = [sys.executable, "-m", "experiments.tools.round_files", "--json"]
-    if settings:
-        command += ["--set", *settings]
+    """The files round 2 passed through on the CPU (the page's round), from the tool run in a fresh process."""
+    command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", *settings]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     files: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
