@@ -24,10 +24,9 @@ from torch.nn import functional as F
 
 PRIME = 2**31 - 1
 # CPU loops work on arrays of at most 2**15 elements, in numpy (no threads) or
-# in torch ops at its parallel grain size (run on the calling thread). On a
-# shared 2-core machine, any torch op large enough to use a second thread at
-# times cost 4-16 ms however little work it did (waking the other thread):
-# with 2**16-element torch chunks a 10^7 accumulate then took 1.5 s, not 48 ms.
+# in torch ops at its parallel grain size (run on the calling thread): a torch op
+# large enough to wake a second thread can cost far more than its work on a
+# shared machine (measured in docs/sketch.md, "Performance").
 MAX_CHUNK = SERIAL_OP = 1 << 15
 GPU_BLOCK = 1 << 21  # coordinates per vectorized step on other devices
 MAX_COLS = 1 << 30  # far below PRIME, so the bias of g mod cols stays below cols / p
@@ -99,7 +98,7 @@ class TabulationHash:
 
         They are immutable (every sketch op only reads them), so all the
         sketches of a run share one set: a simulation's clients each build a
-        sketch, and deriving them each time took 15% of a FetchSGD client's time.
+        sketch, and would otherwise each derive them again (docs/changelog.md).
         """
         return _build(seed, d, rows, cols, torch.device(device))
 

@@ -1,7 +1,8 @@
 """Run a cohort of logical clients in one process call.
 
-Large-client simulation pays a framework cost per call (Flower's Ray round trip
-is 15-20 ms); running the round's clients for one node in one call pays it once.
+Large-client simulation pays a framework cost per call (a Ray round trip under
+Flower's Ray backend: docs/flower.md); running the round's clients for one node in
+one call pays it once.
 Each logical client stays exact: its own data, its own RNG stream, its own
 payload, its own failure (an exception in one client is reported for that
 client only and the others go on).

@@ -153,7 +153,7 @@ def collect(
 def _take(content: RecordDict, found: Records, key: str) -> ArrayRecord | None:
     """A client's arrays, taken out of its reply: what was accepted is decoded into views of their bytes,
     which then live as long as the update, not as long as the reply, which the round's caller keeps until
-    the round ends (a dense round: 100 clients' bytes, 120 MB on the peer job; docs/simulation.md, "Memory")."""
+    the round ends (a dense round holds every client's bytes: docs/simulation.md, "Memory")."""
     content.pop(key, None)
     return found.arrays.pop(key, None)
 

@@ -41,8 +41,7 @@ def poll_replies_sooner(grid: Grid, interval_s: float) -> None:
 
     Flower's simulation grid sleeps ``pull_interval`` (0.1 s) whenever a pull
     finds replies missing, so every exchange ends on average 0.05 s after its
-    last reply arrived: at 0.4 s of client work a round, that idle wait alone
-    is a tenth of the round. A pull is a lookup in the in-process link state,
+    last reply arrived (docs/simulation.md). A pull is a lookup in the in-process link state,
     so polling sooner costs next to nothing. Deployment grids are left alone.
     """
     if isinstance(grid, InMemoryGrid):

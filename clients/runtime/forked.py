@@ -78,7 +78,7 @@ def run_task(token: str, runtime_address: str) -> NoReturn:
 def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
     """Flower's ``install_from_fab``, skipped for a FAB (same SHA-256) that an earlier task installed.
 
-    Flower extracts and verifies the run's FAB on every message (0.3 s here);
+    Flower extracts and verifies the run's FAB on every message (timed in docs/deployment.md);
     the installed folder's path is kept in ``$FLWR_HOME/launcher/<sha256>``.
     """
     from flwr.supercore.utils import get_flwr_home

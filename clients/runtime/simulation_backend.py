@@ -7,8 +7,8 @@ hands a message and its node's ``Context`` to a :class:`Backend`
 ``terminate``). The only backend it ships is Ray's, and ``start_vce`` imports it
 by name (``from .backend.raybackend import RayBackend``). On one machine Ray
 costs more than it gives: its services and one worker process per node that
-each import torch and the data (1.7 GB of a 3.3 GB process tree, and 7 s more
-before round 1, measured in docs/simulation.md).
+each import torch and the data (their memory and start-up are measured in
+docs/simulation.md, "One process or Ray").
 
 :class:`InProcessBackend` runs the ClientApp in the process that already holds
 the ServerApp (and so already imported torch and the data), on ``num_workers``
@@ -27,8 +27,7 @@ inprocess`` names as the run's ClientApp; Flower imports the ClientApp in
 
 With it, :func:`pick_up_sooner` also shortens the wait of the engine's loop
 that moves messages from the link state to the workers: Flower's waits 0.1 s
-between looks, on average 0.05 s of every round on a 0.75 s round
-(docs/simulation.md, "Where a round goes").
+between looks, on average 0.05 s of every round (docs/simulation.md, "Where a round goes").
 """
 
 from __future__ import annotations
