@@ -32,28 +32,31 @@ def documented() -> tuple[set[str], int]:
     return files, int(count.group(1))
 
 
-def traced(*settings: str) -> dict[str, int]:
+def traced(*settings: str) -> dict[str, dict[str, int]]:
     """The files round 2 passed through on the CPU (the page's round), from the tool run in a fresh process."""
     command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", *settings]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    files: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
-    return files
+    found: dict[str, dict[str, int]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
 
 
 @pytest.mark.slow
 def test_the_architecture_page_names_every_file_a_fetchsgd_round_passes_through_and_no_other() -> None:
-    files = traced()
+    found = traced()
+    files = found["files"]
     listed, count = documented()
     assert sorted(set(files) - listed) == [], "files the round runs that the table does not name"
     assert sorted(listed - set(files)) == [], "files the table names that the round does not run"
     assert count == len(files)
     for core in ("strategies/strategy.py", "fedsketch/methods/fetchsgd.py", "fedsketch/sketch.py"):
         assert files[core] > 0
+    for path, lines in found["called_lines"].items():  # the functions called lie within their files
+        assert 0 < lines < len((ROOT / path).read_text(encoding="utf-8").splitlines())
 
 
 @pytest.mark.slow
 def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
-    files = traced("download=sparse", "client-assignment=node")
+    files = traced("download=sparse", "client-assignment=node")["files"]
     assert "fedsketch/download.py" in files and "fedsketch/compress/sparse.py" in files
     assert set(documented()[0]) <= set(files)

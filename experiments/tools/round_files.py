@@ -45,6 +45,7 @@ class RoundTrace:
         self.start = FedSketchStrategy.run_round.__code__
         self.on = False
         self.calls: Counter[tuple[str, str]] = Counter()
+        self.spans: dict[str, set[int]] = {}
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call":
@@ -55,7 +56,14 @@ class RoundTrace:
         if self.on and code.co_filename.startswith(str(ROOT) + "/"):
             path = code.co_filename[len(str(ROOT)) + 1 :]
             if path.startswith(PACKAGES) and path != "experiments/tools/round_files.py":
+                if (path, code.co_qualname) not in self.calls:
+                    lines = [line for _, _, line in code.co_lines() if line is not None]
+                    self.spans.setdefault(path, set()).update(range(code.co_firstlineno, max(lines, default=0) + 1))
                 self.calls[path, code.co_qualname] += 1
+
+    def called_lines(self) -> dict[str, int]:
+        """Per file, the lines of the functions the round called (their docstrings included; nested ones once)."""
+        return {path: len(lines) for path, lines in sorted(self.spans.items())}
 
     def files(self) -> dict[str, int]:
         """Each file the round passed through, with how many calls it took."""
@@ -89,21 +97,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.tools.round_files", description=__doc__.split("\n")[0])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings on top of the default job")
     parser.add_argument("--functions", action="store_true", help="also list each function called, with its calls")
-    parser.add_argument("--json", action="store_true", help="print {file: calls} as JSON")
+    parser.add_argument("--lines", action="store_true", help="also count each file's lines, and those the round called")
+    parser.add_argument("--json", action="store_true", help="print {files: {file: calls}, called_lines: {file: n}}")
     args = parser.parse_args(argv)
     hook = trace(parse_overrides(args.set))
     files = hook.files()
     if args.json:
-        print(json.dumps(files))  # the last line: Flower's own log lines come before it
+        print(json.dumps({"files": files, "called_lines": hook.called_lines()}))  # the last line, after Flower's log
         return 0
+    called, whole = hook.called_lines(), {path: _line_count(ROOT / path) for path in files}
     for path, n in files.items():
-        print(f"{path}  ({n} calls)")
+        lines = f", {called[path]} of its {whole[path]} lines in functions called" if args.lines else ""
+        print(f"{path}  ({n} calls{lines})")
         if args.functions:
             for (where, name), calls in sorted(hook.calls.items()):
                 if where == path:
                     print(f"    {name} x{calls}")
-    print(f"{len(files)} files")
+    print(f"{len(files)} files", end="")
+    print(f", {sum(whole.values())} lines, {sum(called.values())} of them in functions called" if args.lines else "")
     return 0
+
+
+def _line_count(path: Path) -> int:
+    with path.open(encoding="utf-8") as f:
+        return sum(1 for _ in f)
 
 
 if __name__ == "__main__":
