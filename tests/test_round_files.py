@@ -60,3 +60,15 @@ def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
     files = traced("download=sparse", "client-assignment=node")["files"]
     assert "fedsketch/download.py" in files and "fedsketch/compress/sparse.py" in files
     assert set(documented()[0]) <= set(files)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("strategy=nosuch", "nosuch"), ("num-rounds=1", "never started round 2")],
+    ids=["unknown-method", "no-round-2"],
+)
+def test_a_bad_setting_or_a_run_without_round_2_is_one_clear_line(setting: str, message: str) -> None:
+    command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", setting]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr

@@ -5,13 +5,14 @@ round of the default job runs; ``tests/test_round_files.py`` checks that list
 against this trace. The run goes through :func:`experiments.flower.one_process.simulate`
 in this process, as ``fedsketch run`` does in its simulation process, with a
 profile hook on every thread that records each Python function called from
-the moment the strategy starts round ``--round`` until it starts the next: the
+the moment the strategy starts round 2 (of three) until it starts the next: the
 requests, the clients' work, the replies, the server step, the evaluation and
 the metrics row. Start-up and the first round's one-time work (imports, the
 data, caches) are outside it.
 
     python -m experiments.tools.round_files                      # the default job's FetchSGD
     python -m experiments.tools.round_files --set download=sparse --functions
+    python -m experiments.tools.round_files --set strategy=fedavg --lines
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from experiments.running.runner import DEFAULT_CONFIG, load_experiment, parse_overrides, run_config_toml
+from fedsketch.setting import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("fedsketch/", "strategies/", "clients/", "experiments/")
@@ -100,8 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", action="store_true", help="also count each file's lines, and those the round called")
     parser.add_argument("--json", action="store_true", help="print {files: {file: calls}, called_lines: {file: n}}")
     args = parser.parse_args(argv)
-    hook = trace(parse_overrides(args.set))
+    try:
+        hook = trace(parse_overrides(args.set))
+    except ConfigError as exc:
+        print(f"round_files: {exc}", file=sys.stderr)
+        return 2
     files = hook.files()
+    if not files:
+        print(f"round_files: the run never started round {hook.server_round} (see Flower's log above)", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"files": files, "called_lines": hook.called_lines()}))  # the last line, after Flower's log
         return 0
