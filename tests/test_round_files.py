@@ -32,10 +32,15 @@ def documented() -> tuple[set[str], int]:
     return files, int(count.group(1))
 
 
-def traced(*settings: str) -> dict[str, dict[str, int]]:
-    """The files round 2 passed through on the CPU (the page's round), from the tool run in a fresh process."""
+def run_tool(*settings: str) -> subprocess.CompletedProcess[str]:
+    """The tool, in a fresh process, on the CPU (the page's round) with ``settings`` on top."""
     command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", *settings]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+
+
+def traced(*settings: str) -> dict[str, dict[str, int]]:
+    """The files round 2 passed through, and the lines of the functions it called, per file."""
+    out = run_tool(*settings)
     assert out.returncode == 0, out.stderr[-3000:]
     found: dict[str, dict[str, int]] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
@@ -69,6 +74,5 @@ def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
     ids=["unknown-method", "no-round-2"],
 )
 def test_a_bad_setting_or_a_run_without_round_2_is_one_clear_line(setting: str, message: str) -> None:
-    command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", setting]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    out = run_tool(setting)
     assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr

@@ -31,6 +31,8 @@ from experiments.running.runner import DEFAULT_CONFIG, load_experiment, parse_ov
 from fedsketch.setting import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFIX = f"{ROOT}/"
+"""What a product file's code path starts with (the hook tests it on every call it sees)."""
 PACKAGES = ("fedsketch/", "strategies/", "clients/", "experiments/")
 """The product's packages, relative to the repository root."""
 SMALL = {"num-rounds": 3, "eval-every": 1}
@@ -55,8 +57,8 @@ class RoundTrace:
         code = frame.f_code
         if code is self.start:  # the round loop's body: round r starts here, and ends when r + 1 does
             self.on = frame.f_locals.get("server_round") == self.server_round
-        if self.on and code.co_filename.startswith(str(ROOT) + "/"):
-            path = code.co_filename[len(str(ROOT)) + 1 :]
+        if self.on and code.co_filename.startswith(PREFIX):
+            path = code.co_filename[len(PREFIX) :]
             if path.startswith(PACKAGES) and path != "experiments/tools/round_files.py":
                 if (path, code.co_qualname) not in self.calls:
                     lines = [line for _, _, line in code.co_lines() if line is not None]
