@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.flower.launch import Federation
+from experiments.flower.federation import Federation
 from experiments.running import runner
 from experiments.running.runner import Experiment
 from fedsketch.setting import ConfigError
@@ -122,7 +122,7 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
     """The simulated nodes, their share of the CPUs and GPUs, the backend and the runtime (:mod:`experiments.flower.launch`)."""
     import torch
 
-    from experiments.flower.launch import cpus_per_node, default_backend, gpus_per_node
+    from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.flower.launch import Federation
+from experiments.flower.federation import Federation
 from experiments.flower.one_process import SPARE_LOG
 from experiments.running import runner
 from experiments.running.command_plan import Plan, PlannedRun

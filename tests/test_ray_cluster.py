@@ -41,8 +41,8 @@ from test_simulation_backend import TINY
 
 from experiments.cli import main as fedsketch_main
 from experiments.flower import procs
+from experiments.flower.federation import cpus_per_node
 from experiments.flower.flower_procs import free_port
-from experiments.flower.launch import cpus_per_node
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 CLUSTER_TAG = "FEDSKETCH_RAY_CLUSTER"

@@ -11,7 +11,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from experiments.cli import main
-from experiments.flower.launch import Federation, cpus_per_node, gpus_per_node
+from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
 from experiments.flower.superlink_run import connection_toml
 from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.config import RunConfig

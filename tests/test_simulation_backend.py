@@ -26,7 +26,7 @@ from flwr.clientapp.client_app import ClientAppException
 from clients.runtime import simulation_backend
 from clients.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
-from experiments.flower.launch import default_backend
+from experiments.flower.federation import default_backend
 from experiments.running.inprocess_grid import task_identity
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from experiments.flower import one_process, spare
-from experiments.flower.launch import Federation
+from experiments.flower.federation import Federation
 from experiments.running import runner
 from fedsketch import runlog
 from fedsketch.config import RunConfig
@@ -115,7 +115,7 @@ SPARE_RUN = """
 import sys, time
 from pathlib import Path
 from experiments.flower import one_process, spare
-from experiments.flower.launch import Federation
+from experiments.flower.federation import Federation
 path, root = Path(sys.argv[1]), Path(sys.argv[2])
 one_process.start_spare(root, "inprocess")
 started = time.monotonic()

@@ -56,7 +56,7 @@ import numpy as np
 
 from experiments.bench.bench_sim import round_times
 from experiments.bench.peer_tables import Run, print_breakdown, print_table
-from experiments.flower.launch import BACKENDS, RUNTIMES
+from experiments.flower.federation import BACKENDS, RUNTIMES
 from experiments.flower.proctree import TreeSampler, tag_env
 from fedsketch import runlog
 from fedsketch.config import RunConfig

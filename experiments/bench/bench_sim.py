@@ -182,7 +182,8 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     """One run through ``flwr run`` against a private simulation SuperLink."""
     import torch
 
-    from experiments.flower.launch import Federation, cpus_per_node, gpus_per_node, simulate
+    from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
+    from experiments.flower.launch import simulate
     from experiments.running import runner
     from fedsketch import runlog
 

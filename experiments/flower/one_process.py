@@ -38,7 +38,7 @@ from experiments.flower.flower_procs import Child, flower_env, follow, watch
 from fedsketch import runlog
 
 if TYPE_CHECKING:
-    from experiments.flower.launch import Federation
+    from experiments.flower.federation import Federation
 
 MALLOC = {
     "MALLOC_ARENA_MAX": (2, -8),

@@ -26,7 +26,7 @@ from experiments.flower.flower_procs import bin_path, flower_env, free_port, sto
 from fedsketch import runlog
 
 if TYPE_CHECKING:
-    from experiments.flower.launch import Federation
+    from experiments.flower.federation import Federation
 
 CONNECTION = "fedsketch-sim"
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from experiments.flower.federation import Federation, default_backend
+
 if TYPE_CHECKING:
-    from experiments.flower.launch import Federation
     from experiments.running.stopping import Invocation
     from fedsketch.config import RunConfig
     from fedsketch.runlog import RunSpec
@@ -88,8 +89,6 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        from experiments.flower.launch import Federation  # only where a plan is read: the command starts without it
-
         doc = json.loads(text)
         return cls(tuple(PlannedRun(s) for s in doc["runs"]), Federation(**doc["federation"]), bool(doc["plot"]))
 
@@ -113,7 +112,6 @@ def exec_run_plan(plan: Plan) -> NoReturn:
 
 def start_spare(backend: str | None, runtime: str) -> None:
     """Fork the first run's simulation process now, if runs go through one process (:mod:`experiments.flower.spare`)."""
-    from experiments.flower.launch import default_backend
     from experiments.flower.one_process import start_spare as fork_spare
 
     if runtime == "process":
