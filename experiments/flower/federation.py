@@ -51,8 +51,8 @@ def cpus_per_node(num_supernodes: int, cores: int | None = None) -> int:
     the number of nodes starts a worker that idles or, taking a later round's
     message, loads its own copy of torch, the ClientApp and the data. Split
     evenly, there is one worker per node (fewer when nodes outnumber cores).
-    Measured on a 2-core machine with one node: 2,883 MB for the whole tree
-    against 2,991 MB with two workers, at the same speed (docs/changelog.md).
+    One worker per node uses less memory at the same speed (measured in
+    docs/changelog.md).
     Ray 2.55 leaves a worker's thread count to torch (all cores).
     """
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
