@@ -1,10 +1,10 @@
 """The ``fedsketch`` command.
 
-    fedsketch run [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--no-plan]
-    fedsketch plan [CONFIG] [--set key=value ...] [--seeds N] [--strategies a,b] [--supernodes N]
+    fedsketch run [CONFIG] [--set key=value]... [--seeds N] [--strategies a,b] [--no-plan]
+    fedsketch plan [CONFIG] [--set key=value]... [--seeds N] [--strategies a,b] [--supernodes N]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
-    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v ...]
+    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v]...
     fedsketch deploy --kit DIR --server HOST [--supernodes N] [--port P]
 
 ``run`` with no CONFIG runs the embedded default (experiments/configs/default.toml):
@@ -88,10 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     plan_parser = sub.add_parser("plan", help="what each run will send (round 1 run here, no Flower), before running")
     _add_experiment_arguments(plan_parser, example_rounds=20)
     plan_parser.add_argument(
-        "--supernodes",
-        type=int,
-        default=2,
-        help="the run's simulated nodes: secure aggregation bills by them (default: 2)",
+        "--supernodes", type=int, default=2, help="simulated nodes (secure aggregation bills by them)"
     )
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
@@ -289,10 +286,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedsketch`` console script.
 
-    Run as the program (``argv`` is ``None``), a command stopped by a signal
-    exits as soon as everything it started is stopped and its outcome printed:
-    tearing down torch's modules at interpreter exit took 2-3 s more on a busy
-    machine here, which a user who pressed Ctrl-C should not wait for.
+    Run as the program (``argv`` is ``None``), a command stopped by a signal exits as soon as
+    everything it started is stopped and its outcome printed, without tearing down torch's modules.
     """
     code = _dispatch(argv)
     if argv is None and code > 128:
@@ -305,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(argv: list[str] | None) -> int:
     from experiments.running.stopping import Interrupted
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     args.as_program = argv is None
+    for name in ("supernodes", "seeds"):  # run, plan, deploy; [compare] seeds are checked with the file
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
+            parser.error(f"argument --{name}: must be at least 1; got {getattr(args, name)}")
     commands = {
         "run": cmd_run,
         "plan": cmd_plan,

@@ -31,3 +31,22 @@ def test_relative_links_resolve(page: Path) -> None:
         elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{page.relative_to(ROOT)}: " + ", ".join(broken)
+
+
+def _runnable() -> set[str]:
+    """Every product module with a ``__main__`` block, as ``python -m`` names it."""
+    found = set()
+    for package in ("fedsketch", "strategies", "clients", "experiments"):
+        for file in (ROOT / package).rglob("*.py"):
+            if 'if __name__ == "__main__":' in file.read_text(encoding="utf-8"):
+                found.add(".".join(file.relative_to(ROOT).with_suffix("").parts))
+    return found
+
+
+def test_the_architecture_page_names_every_entry_point() -> None:
+    """Each runnable module is in the page's table of ``python -m`` entry points, or named as a script run by path."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = set(re.findall(r"^\| `([a-z_]+(?:\.[a-z_]+)+)` \|", page, flags=re.MULTILINE))
+    named = {m for m in _runnable() if f"python -m {m}`" in page or f"`{m.replace('.', '/')}.py`" in page}
+    assert _runnable() - table - named == set(), "runnable modules the page does not name"
+    assert table - _runnable() == set(), "entry points in the page's table that do not run"

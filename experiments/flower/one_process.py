@@ -223,9 +223,21 @@ def _serve(app_dir: Path, backend: str, order: spare.Order) -> None:
     simulate(app_dir, run_config, int(order["nodes"]), int(order["cpus"]), gpus, backend)
 
 
+USAGE = "usage: python -m experiments.flower.one_process APP_DIR RUN_CONFIG NUM_SUPERNODES NUM_CPUS NUM_GPUS BACKEND"
+
+
 def main(argv: list[str]) -> int:
-    app_dir, run_config, nodes, cpus, gpus, backend = argv
-    simulate(Path(app_dir), Path(run_config), int(nodes), int(cpus), float(gpus), backend)
+    """Run one run from the command line; ``-h`` prints the usage, bad arguments exit 2 with it."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        app_dir, run_config, nodes, cpus, gpus, backend = argv
+        counts = int(nodes), int(cpus), float(gpus)
+    except ValueError:
+        print(f"{USAGE}\n(six arguments; NUM_SUPERNODES and NUM_CPUS integers, NUM_GPUS a number)", file=sys.stderr)
+        return 2
+    simulate(Path(app_dir), Path(run_config), *counts, backend)
     return 0
 
 

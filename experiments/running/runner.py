@@ -77,8 +77,8 @@ def load_experiment(
     from experiments.running import sweep
     from fedsketch.config import RunConfig
 
-    if not path.exists():
-        raise FileNotFoundError(f"experiment config {path} not found")
+    if not path.is_file():
+        raise FileNotFoundError(f"experiment config {path} not found" + (" (it is a folder)" if path.is_dir() else ""))
     with open(path, "rb") as f:
         doc = tomllib.load(f)
     unknown = set(doc) - {"run", "compare", "strategy", "sweep"}
@@ -91,6 +91,8 @@ def load_experiment(
     listed = list(compare.get("strategies", [doc.get("run", {}).get("strategy", "fetchsgd")]))
     names = strategies or listed
     n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
+    if n_seeds < 1:
+        raise ConfigError(f"{path}: seeds must be at least 1; got {n_seeds}")
     per_strategy = doc.get("strategy", {})
     # The base is checked as the first strategy run now sees it: a setting that only some methods
     # take (``--strategies local_topk --set download-k=3000``) is valid for the runs it reaches.

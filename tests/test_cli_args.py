@@ -1,0 +1,71 @@
+"""Bad command-line arguments are refused with one line naming them, exit 2, and no traceback.
+
+``fedsketch`` (its ``main``, in this process) for counts that must be at least
+one and an experiment file that is a folder; the one-process runtime's own
+entry point for its usage and wrong arguments.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--supernodes", "0", "--no-plan"], "argument --supernodes: must be at least 1; got 0"),
+        (["plan", "--supernodes", "-2"], "argument --supernodes: must be at least 1; got -2"),
+        (["deploy", "--supernodes", "0"], "argument --supernodes: must be at least 1; got 0"),
+        (["run", "--seeds", "0", "--no-plan"], "argument --seeds: must be at least 1; got 0"),
+        (["plan", "--seeds", "-1"], "argument --seeds: must be at least 1; got -1"),
+    ],
+)
+def test_counts_below_one_are_refused_by_name(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.splitlines()[-1] == f"fedsketch: error: {message}"
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_seeds_below_one_in_the_experiment_file_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "zero.toml"
+    config.write_text('[run]\nexperiment = "zero"\n\n[compare]\nstrategies = ["fedavg"]\nseeds = 0\n')
+    assert main(["plan", str(config), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedsketch: error: {config}: seeds must be at least 1; got 0"
+
+
+def test_a_folder_is_no_experiment_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(tmp_path), "--no-plan", "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedsketch: error: experiment config {tmp_path} not found (it is a folder)"
+
+
+def _one_process(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "experiments.flower.one_process", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_one_process_runtime_prints_its_usage() -> None:
+    done = _one_process("--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: python -m experiments.flower.one_process APP_DIR RUN_CONFIG")
+
+
+@pytest.mark.parametrize("args", [("app",), ("app", "run.toml", "two", "1", "0", "inprocess")])
+def test_the_one_process_runtime_refuses_bad_arguments_with_its_usage(args: tuple[str, ...]) -> None:
+    done = _one_process(*args)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: python -m experiments.flower.one_process")
+    assert "Traceback" not in done.stderr
