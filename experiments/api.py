@@ -107,8 +107,12 @@ def prepare(
     strategies: Sequence[str] | None = None,
 ) -> Experiment:
     """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    from experiments.flower.app_files import check_app_config
+    from experiments.running.command_plan import APP_DIR
     from experiments.running.preflight import check_runs
+    from fedsketch.config import RunConfig
 
+    check_app_config(APP_DIR, RunConfig().to_mapping())
     overrides = {**overrides, "out-dir": str(out)}
     experiment = runner.load_experiment(
         Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None

@@ -50,11 +50,16 @@ class Setting(Generic[T]):
         value = coerce(self.key, value, self.kind)
         if self.choices and value not in self.choices:
             raise ConfigError(f"setting '{self.key}' must be one of {', '.join(map(str, self.choices))}; got {value!r}")
-        if self.maximum is not None and not self.minimum <= value <= self.maximum:
-            raise ConfigError(f"setting '{self.key}' must be in {self.minimum}..{self.maximum}; got {value}")
-        if self.minimum is not None and value < self.minimum:
-            raise ConfigError(f"setting '{self.key}' must be >= {self.minimum}; got {value}")
+        below = self.minimum is not None and not value >= self.minimum  # NaN is in no range
+        if below or (self.maximum is not None and not value <= self.maximum):
+            raise ConfigError(f"setting '{self.key}' must be {self.bounds()}; got {value}")
         return cast(T, value)
+
+    def bounds(self) -> str:
+        """The range a value must lie in: ``in 1..255``, ``>= 0`` or ``<= 1.0``."""
+        if self.minimum is not None and self.maximum is not None:
+            return f"in {self.minimum}..{self.maximum}"
+        return f">= {self.minimum}" if self.maximum is None else f"<= {self.maximum}"
 
     def of(self, cfg: HasExtras) -> T:
         """This setting's value in a run config."""

@@ -1,4 +1,4 @@
-"""Bad command-line arguments are refused with one line naming them, exit 2, and no traceback.
+"""Bad command-line arguments, and an app config that lacks a setting, are refused in one line naming them.
 
 ``fedsketch`` (its ``main``, in this process) for counts that must be at least
 one and an experiment file that is a folder; the one-process runtime's own
@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
+from experiments.flower.app_files import check_app_config
+from experiments.running.command_plan import APP_DIR
+from fedsketch.config import RunConfig
+from fedsketch.setting import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -69,3 +73,15 @@ def test_the_one_process_runtime_refuses_bad_arguments_with_its_usage(args: tupl
     assert done.returncode == 2
     assert done.stderr.startswith("usage: python -m experiments.flower.one_process")
     assert "Traceback" not in done.stderr
+
+
+def test_a_setting_missing_from_the_apps_config_is_named_before_anything_starts(tmp_path: Path) -> None:
+    """Flower would refuse it inside its own process; the check names it, and a key no setting declares."""
+    keys = RunConfig().to_mapping()
+    check_app_config(APP_DIR, keys)  # the app's own table is complete
+    text = (APP_DIR / "pyproject.toml").read_text(encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text(text.replace("\nqsgd-levels = ", "\nunknown-levels = "), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\[tool.flwr.app.config\] lacks qsgd-levels; every setting needs a line"):
+        check_app_config(tmp_path, keys)
+    with pytest.raises(ConfigError, match=r"lists unknown-levels, which no setting declares"):
+        check_app_config(tmp_path, [key for key in keys if key != "qsgd-levels"])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.setting import Setting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +66,23 @@ def test_the_settings_table_and_the_fields_agree_in_keys_and_types() -> None:
         assert type(TABLE[key]["default"]) is hints[name], f"{key}: {TABLE[key]['default']!r} is not {hints[name]}"
         assert TABLE[key]["doc"]
     assert {f.name for f in fields(RunConfig)} - {"extras"} == set(field_keys().values())
+
+
+@pytest.mark.parametrize(
+    ("bounds", "value", "message"),
+    [
+        ({"minimum": 1, "maximum": 255}, 0, "must be in 1..255; got 0"),
+        ({"minimum": 1, "maximum": 255}, 256, "must be in 1..255; got 256"),
+        ({"minimum": 0.0}, -0.5, "must be >= 0.0; got -0.5"),
+        ({"maximum": 1.0}, 1.5, "must be <= 1.0; got 1.5"),
+        ({"maximum": 1.0}, float("nan"), "must be <= 1.0; got nan"),
+        ({"minimum": 0.0, "maximum": 1.0}, float("nan"), "must be in 0.0..1.0; got nan"),
+    ],
+)
+def test_a_method_settings_bounds_refuse_values_outside_them(bounds: dict, value: float, message: str) -> None:
+    """Either bound alone, or both; NaN lies in no range."""
+    setting = Setting("x-key", type(value), value, "a bounded setting", **bounds)
+    with pytest.raises(ConfigError, match=re.escape(f"setting 'x-key' {message}")):
+        setting.check(value)
+    inside = bounds.get("minimum", bounds.get("maximum"))
+    assert setting.check(inside) == inside

@@ -12,9 +12,12 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from fedsketch.setting import ConfigError
 
 INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
 """The ClientApp component an in-process simulation is run with: importing it installs the backend."""
@@ -23,6 +26,31 @@ INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
 def clientapp_for(backend: str) -> str | None:
     """The ClientApp component a simulation with ``backend`` runs instead of the app's own (``None``: the app's)."""
     return INPROCESS_CLIENTAPP if backend == "inprocess" else None
+
+
+def check_app_config(app_dir: Path, keys: Iterable[str]) -> None:
+    """The app's ``[tool.flwr.app.config]`` lists exactly the run settings ``keys``.
+
+    Flower takes a run's settings as overrides of that table and refuses a key it
+    does not list, inside its own process, once the run has started; checked here,
+    a method's new setting left out of ``pyproject.toml`` is one line before anything starts.
+
+    Raises
+    ------
+    ConfigError
+        Naming the keys the table lacks, or lists without a setting behind them.
+    """
+    pyproject = app_dir / "pyproject.toml"
+    with open(pyproject, "rb") as f:
+        listed = set(tomllib.load(f).get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
+    missing, extra = sorted(set(keys) - listed), sorted(listed - set(keys))
+    if missing:
+        raise ConfigError(
+            f"{pyproject}: [tool.flwr.app.config] lacks {', '.join(missing)}; "
+            "every setting needs a line there with its default (docs/extending.md)"
+        )
+    if extra:
+        raise ConfigError(f"{pyproject}: [tool.flwr.app.config] lists {', '.join(extra)}, which no setting declares")
 
 
 COMPONENT = re.compile(r'^clientapp = "[^"]*"$', re.MULTILINE)
