@@ -12,7 +12,8 @@
 
 It is what ``fedsketch run`` does (the command is a thin layer over
 :func:`prepare` and :func:`execute`): the same checks before anything starts,
-the same Flower runtime (``flwr run`` against a private SuperLink, the
+the same Flower runtime (its simulation runtime in one process per run, or
+with ``runtime="superlink"`` a private SuperLink and ``flwr run``; the
 in-process or the Ray backend), the same run folders, and it returns every
 run's ``metrics.jsonl`` rows. What cannot be named in a setting travels by
 file: data objects are written once to an ``.npz`` under ``OUT/_inputs``
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import io
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,8 @@ def run(
     strategies, seeds
         Override the experiment's ``[compare]`` table.
     out, backend, runtime, supernodes, plot
-        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes`` and (negated) ``--no-plot``.
+        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes`` and (negated) ``--no-plot``;
+        unlike the command, no plots or report unless ``plot=True``.
     settings
         Run settings, ``num_rounds=20`` for ``num-rounds = 20``.
 
@@ -162,7 +165,7 @@ def reference(fn: Callable[..., Any], out: Path) -> str:
             return f"{module}:{name}"
     import cloudpickle  # a function of __main__ or a notebook: by value
 
-    return str(_store(cloudpickle.dumps(fn), out, ".pkl"))
+    return str(_store(cloudpickle.dumps(fn), out, ".pkl", name.rsplit(".", 1)[-1] or "function"))
 
 
 def data_settings(data: Any, out: Path) -> dict[str, Any]:
@@ -182,12 +185,14 @@ def data_settings(data: Any, out: Path) -> dict[str, Any]:
         found["client_ids"] = np.asarray(ids)
     buffer = io.BytesIO()
     np.savez(buffer, **found)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag
-    return {"dataset": "npz", "data-root": str(_store(buffer.getvalue(), out, ".npz"))}
+    return {"dataset": "npz", "data-root": str(_store(buffer.getvalue(), out, ".npz", "data"))}
 
 
-def _store(content: bytes, out: Path, suffix: str) -> Path:
-    """``content`` in a file named by its hash under ``out/_inputs`` (the same input, the same path, once)."""
-    path = out / INPUTS / (hashlib.sha256(content).hexdigest()[:16] + suffix)
+def _store(content: bytes, out: Path, suffix: str, what: str) -> Path:
+    """``content`` under ``out/_inputs``, named by what it is (a function's name, ``data``) and its hash
+    (the same input, the same path, once); errors that name the file name what was passed."""
+    stem = re.sub(r"[^A-Za-z0-9_.]+", "_", what).strip("_.") or "input"
+    path = out / INPUTS / f"{stem}-{hashlib.sha256(content).hexdigest()[:16]}{suffix}"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

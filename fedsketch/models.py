@@ -136,11 +136,24 @@ def build_model(
 
 
 def _user_model(reference: str, shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
-    """The module a user's builder returns, built in a forked RNG seeded with ``seed``; checked for its type."""
+    """The module a user's builder returns, built in a forked RNG seeded with ``seed``; checked for its type.
+
+    Raises
+    ------
+    ValueError, TypeError
+        One line starting ``setting 'model'``: what the builder raised (with the call), or what it returned wrong.
+    """
     builder = entry.load("model", reference)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = builder(shape, num_classes, seed)
+        try:
+            model = builder(shape, num_classes, seed)
+        except Exception as exc:  # noqa: BLE001  # whatever the user's builder raises, as one line with its call
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise ValueError(
+                f"setting 'model': {reference} raised {type(exc).__name__}: {first} "
+                f"(called with input_shape {shape}, num_classes {num_classes}, seed {seed})"
+            ) from None
     if not isinstance(model, nn.Module):
         raise TypeError(f"setting 'model': {reference} returned a {type(model).__name__}, not a torch.nn.Module")
     params = list(model.parameters())

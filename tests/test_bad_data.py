@@ -33,6 +33,12 @@ def eleven(input_shape, num_classes, seed):
 def unflattened(input_shape, num_classes, seed):
     return nn.Linear(int(np.prod(input_shape)), num_classes)
 
+def broken(input_shape, num_classes, seed):
+    return nn.Linear(-1, num_classes)
+
+def indexes(input_shape, num_classes, seed):
+    return nn.Linear(input_shape[3], num_classes)
+
 def unseeded(input_shape, num_classes, seed):
     model = good(input_shape, num_classes, seed)
     for p in model.parameters():
@@ -64,6 +70,14 @@ def _float_labels(arrays: Arrays) -> None:
     arrays["y_train"] = arrays["y_train"].astype(np.float32)
 
 
+def _string_labels(arrays: Arrays) -> None:
+    arrays["y_train"] = np.array([str(label) for label in arrays["y_train"]])
+
+
+def _test_shape(arrays: Arrays) -> None:
+    arrays["x_test"] = np.zeros((50, 1, 4, 5), np.float32)
+
+
 def _no_fault(arrays: Arrays) -> None:
     pass
 
@@ -78,6 +92,14 @@ CASES = {
     "negative test label": (_set("y_test", (7,), -1), {},
                             r"y_test of npz:.*: label -1 at index 7 is outside \[0, 10\)"),
     "labels not integers": (_float_labels, {}, r"y_train of npz:.* must hold integer labels; got torch.float32"),
+    "labels are strings": (_string_labels, {}, r"y_train of npz:.*data\.npz must hold integer labels; got <U1"),
+    "test samples of another shape": (_test_shape, {},
+                                      r"npz:.*data\.npz: test samples have shape \(1, 4, 5\); expected \(1, 4, 4\)"),
+    "a builder that raises": (_no_fault, {"model": "badlab:broken"},
+                              (r"setting 'model': badlab:broken raised RuntimeError: .* \(called with input_shape "
+                               r"\(1, 4, 4\), num_classes 10, seed 0\)$")),
+    "a builder that indexes past the shape": (_no_fault, {"model": "badlab:indexes"},
+                                              r"badlab:indexes raised IndexError: tuple index out of range"),
     "model of the wrong input shape": (_no_fault, {"model": "badlab:unflattened"},
                                        r"badlab:unflattened failed on a batch of shape \(2, 1, 4, 4\) from npz:.*mat1"),
     "model output size": (_no_fault, {"model": "badlab:eleven"},

@@ -22,6 +22,7 @@ from experiments.running.forecast import (
     FirstRound,
     RunForecast,
     download_note,
+    larger_note,
     render,
     row,
     sketch_note,
@@ -84,6 +85,25 @@ def test_the_table_is_aligned() -> None:
     for line in cells[1:]:
         assert len(line) == len(COLUMNS)
         assert [c.end() for c in line][1:] == header_ends[1:]  # every figure right-aligned under its header
+
+
+def test_an_upload_larger_than_the_dense_update_is_told_so() -> None:
+    small = _forecast("fetchsgd", FirstRound(4_490, 10, 10, 1_086_076, 185_490))
+    small = RunForecast(small.cfg, 4_490, small.first)
+    note = larger_note(small)
+    assert note is not None and "uploads 6.0x the dense float32 update (17,960 B at d = 4,490)" in note
+    assert "(a 3 x 9,000 sketch)" in note
+    assert larger_note(_forecast("fetchsgd")) is None  # 108,608 B a client against 1,196,072
+    fedavg = _forecast("fedavg").cfg
+    at_dense = RunForecast(fedavg, 4_490, FirstRound(4_490, 10, 10, 10 * 18_505, 0))  # 4 d and its records
+    assert larger_note(at_dense) is None  # uncompressed training's own upload: nothing to say
+    tiny = RunForecast(fedavg, 100, FirstRound(100, 10, 10, 10 * 950, 0))  # 2.4x 4 d, all of it records
+    assert larger_note(tiny) is None
+    edge = RunForecast(fedavg, 20_000, FirstRound(20_000, 10, 10, 10 * 120_000, 0))  # exactly 1.5 x 4 d
+    assert larger_note(edge) is None
+    over = RunForecast(fedavg, 20_000, FirstRound(20_000, 10, 10, 10 * 120_001, 0))
+    note = larger_note(over)
+    assert note is not None and "1.5x" in note and "sketch" not in note  # a method that does not sketch
 
 
 def test_fetchsgd_below_the_regime_maps_columns_per_k_is_told_so() -> None:

@@ -159,3 +159,19 @@ def test_an_image_folder_names_the_odd_file_and_class(tmp_path: Path) -> None:
 def test_an_image_folder_without_its_splits_says_what_to_set(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="train/<class>/<image> and test/<class>/<image>"):
         load_federated(DataSpec(dataset="imagefolder", root=str(tmp_path)))
+
+
+def test_inputs_the_api_stores_are_named_by_what_was_passed(tmp_path: Path) -> None:
+    """A function pickled by value and arrays saved as npz: their files carry its name and ``data``."""
+    from experiments.api import data_settings, reference
+
+    def my_builder(shape: tuple[int, ...], classes: int, seed: int) -> torch.nn.Module:
+        return torch.nn.Linear(shape[0], classes)
+
+    path = Path(reference(my_builder, tmp_path))
+    assert path.parent == tmp_path / "_inputs" and path.name.startswith("my_builder-") and path.suffix == ".pkl"
+    assert Path(reference(lambda *a: None, tmp_path)).name.startswith("lambda-")
+    assert reference(my_builder, tmp_path) == str(path)  # the same input, the same file
+    x = np.zeros((4, 3), np.float32)
+    settings = data_settings((x, np.arange(4), x, np.arange(4)), tmp_path)
+    assert settings["dataset"] == "npz" and Path(settings["data-root"]).name.startswith("data-")

@@ -72,8 +72,8 @@ def test_cli_on_both_backends_and_the_api_give_the_same_run(lab: Path, no_leftov
 
     rows = run("lab.toml", model=builder, data=load(), strategies=["fetchsgd"], out=lab / "api", **_short())
     assert _untimed(rows) == inprocess  # the same run: data objects by npz, the builder by pickle
-    assert len(list((lab / "api" / "_inputs").glob("*.npz"))) == 1
-    assert len(list((lab / "api" / "_inputs").glob("*.pkl"))) == 1
+    assert len(list((lab / "api" / "_inputs").glob("data-*.npz"))) == 1  # named by what was passed, for errors
+    assert len(list((lab / "api" / "_inputs").glob("builder-*.pkl"))) == 1
 
 
 def _short() -> dict[str, Any]:

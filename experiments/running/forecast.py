@@ -196,6 +196,24 @@ def sketch_note(f: RunForecast) -> str | None:
     return REGIME_NOTE.format(label=describe(f.cfg), ratio=ratio, need=REGIME_COLS_PER_K)
 
 
+LARGER = (1.5, 4096)
+"""A client's upload is called larger than the dense float32 update (4 d bytes) above 1.5 times it and 4 KiB
+more: below that, a message's own records (keys, example counts: about 550 bytes) make even uncompressed
+training's upload a little larger than 4 d at a small d."""
+
+
+def larger_note(f: RunForecast) -> str | None:
+    """For a run whose client uploads clearly more than the dense float32 update: compression that costs here."""
+    dense = 4 * f.d
+    if f.upload_per_client <= max(LARGER[0] * dense, dense + LARGER[1]):
+        return None
+    shape = f" (a {f.cfg.sketch_rows} x {f.cfg.sketch_cols:,} sketch)" if f.cols_per_k is not None else ""
+    return (
+        f"{describe(f.cfg)}: a client uploads {f.upload_per_client / dense:.1f}x the dense float32 update "
+        f"({dense:,} B at d = {f.d:,}){shape}: at this model size it sends more than uncompressed training."
+    )
+
+
 def download_note(forecasts: Sequence[RunForecast]) -> str:
     """How the download is billed, and so what the runs' download column means."""
     sparse = [describe(f.cfg) for f in forecasts if f.cfg.download == "sparse"]
@@ -246,6 +264,7 @@ def source_note(seconds: float) -> str:
 def notes(forecasts: Sequence[RunForecast], seconds: float) -> list[str]:
     """The lines under the table: where the figures come from, what the totals assume, the regime map's word."""
     lines = [source_note(seconds), totals_note(forecasts), download_note(forecasts)]
+    lines += [note for f in forecasts if (note := larger_note(f)) is not None]
     lines += [note for f in forecasts if (note := sketch_note(f)) is not None]
     secure = [describe(f.cfg) for f in forecasts if f.cfg.secure_aggregation]
     if secure:

@@ -192,11 +192,15 @@ def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, t
             raise ValueError(f"{source}: the {split} Dataset is empty")
         x = torch.stack([torch.as_tensor(sample) for sample, _ in pairs])
         y = torch.tensor([int(label) for _, label in pairs])
-    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    x, y = (v if isinstance(v, torch.Tensor) else np.asarray(v) for v in (x, y))
+    for name, v, wanted in ((f"x_{split}", x, "numbers"), (f"y_{split}", y, "integer labels")):
+        if isinstance(v, np.ndarray) and v.dtype.kind not in "biuf":  # strings, objects: torch cannot take them
+            raise ValueError(f"{name} of {source} must hold {wanted}; got {v.dtype}")
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
     if xt.dtype == torch.uint8:
         raise ValueError(
-            f"x_{split} of {source} is uint8: scale and normalize images first (e.g. fedsketch.data.normalize)"
+            f"x_{split} of {source} is uint8: scale it to float32 first (x / 255, then standardize per channel; "
+            "fedsketch.data.normalize does both for the image sets it ships)"
         )
     if yt.is_floating_point() or yt.is_complex() or yt.dtype == torch.bool:
         raise ValueError(f"y_{split} of {source} must hold integer labels; got {yt.dtype}")

@@ -145,7 +145,10 @@ class FederatedData:
             if x.shape[0] != y.shape[0] or y.ndim != 1:
                 raise ValueError(f"{split} has {x.shape[0]} samples but labels of shape {tuple(y.shape)}")
             if tuple(x.shape[1:]) != tuple(self.input_shape):
-                raise ValueError(f"{split} samples have shape {tuple(x.shape[1:])}; expected {self.input_shape}")
+                raise ValueError(
+                    f"{self.name}: {split} samples have shape {tuple(x.shape[1:])}; expected {self.input_shape}, "
+                    "the training samples' shape"
+                )
             if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
                 raise ValueError(
                     f"{split} labels must lie in [0, {self.num_classes}); got {int(y.min())}..{int(y.max())}"
