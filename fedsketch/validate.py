@@ -12,6 +12,7 @@ setting and says why.
 from __future__ import annotations
 
 import shutil
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,7 @@ def check(cfg: RunConfig) -> None:
     method = get_method(cfg.strategy)
     _ranges(cfg)
     _model_fits_data(cfg)
+    _partition_reads(cfg)
     _privacy(cfg, method)
     _download(cfg, method)
     _runtime(cfg, method)
@@ -143,6 +145,21 @@ def _ranges(cfg: RunConfig) -> None:
         raise ConfigError(
             f"setting 'min-replies' ({cfg.min_replies}) exceeds 'clients-per-round' ({cfg.clients_per_round})"
         )
+
+
+READ_BY = {"partition_alpha": "dirichlet", "classes_per_client": "pathological", "shards_per_client": "shards"}
+"""The partitioners' own settings, and the one partition that reads each."""
+
+
+def _partition_reads(cfg: RunConfig) -> None:
+    """A partitioner's own setting changed from its default is refused under another partition (never ignored)."""
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for name, partition in READ_BY.items():
+        if cfg.partition != partition and getattr(cfg, name) != defaults[name]:
+            raise ConfigError(
+                f"setting '{_key(name)}' ({getattr(cfg, name)}) is read only by partition '{partition}'; "
+                f"partition is '{cfg.partition}', which would ignore it"
+            )
 
 
 def _model_fits_data(cfg: RunConfig) -> None:

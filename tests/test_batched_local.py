@@ -111,7 +111,7 @@ def test_bad_arguments_are_named() -> None:
 
 FEDAVG = {"strategy": "fedavg", "client-update": "delta", "local-steps": 3, "local-batch-size": 96, "client-lr": 0.1}
 FEDAVG |= {"weight-decay": 1e-3, "num-clients": 12, "clients-per-round": 6, "model-hidden": 16, "num-rounds": 3}
-FEDAVG |= {"eval-every": 1, "partition-alpha": 0.3}
+FEDAVG |= {"eval-every": 1}  # the natural partition: clients of unequal sizes
 
 
 def test_a_vectorized_cohort_sends_the_same_payloads_as_one_client_at_a_time() -> None:

@@ -86,3 +86,31 @@ def test_a_method_settings_bounds_refuse_values_outside_them(bounds: dict, value
         setting.check(value)
     inside = bounds.get("minimum", bounds.get("maximum"))
     assert setting.check(inside) == inside
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"partition": "dirichlet", "classes-per-client": 3},
+            "(3) is read only by partition 'pathological'; partition is 'dirichlet', which",
+        ),
+        (
+            {"partition": "natural", "partition-alpha": 0.3},
+            "'partition-alpha' (0.3) is read only by partition 'dirichlet'",
+        ),
+        ({"partition": "iid", "shards-per-client": 4}, "'shards-per-client' (4) is read only by partition 'shards'"),
+    ],
+)
+def test_a_partitioners_setting_under_another_partition_is_refused_not_ignored(
+    settings: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunConfig.from_mapping(settings)
+
+
+def test_a_partitioners_settings_are_taken_by_their_own_partition() -> None:
+    assert RunConfig.from_mapping({"partition": "dirichlet", "partition-alpha": 0.3}).partition_alpha == 0.3
+    assert RunConfig.from_mapping({"partition": "pathological", "classes-per-client": 3}).classes_per_client == 3
+    assert RunConfig.from_mapping({"partition": "shards", "shards-per-client": 4}).shards_per_client == 4
+    assert RunConfig.from_mapping({"partition": "iid", "classes-per-client": 2}).partition == "iid"  # its default

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from experiments.running.preflight import model_size
 from experiments.running.runner import load_experiment
 from fedsketch.config import ConfigError, check_against_model
-from fedsketch.task import load_data, make_model
+from fedsketch.task import fixed_input, load_data, make_model
 
 CONFIGS = sorted((Path(__file__).parents[1] / "experiments" / "configs").glob("*.toml"))
 
@@ -40,6 +41,9 @@ def test_config_is_valid_and_documented(path: Path) -> None:
         d = sum(p.numel() for p in make_model(runs[0], data).parameters())
         for cfg in runs:
             check_against_model(cfg, d)
+    for cfg in runs:  # a data set of fixed shape: the model's size without its files, as the command checks first
+        if fixed_input(cfg) is not None:
+            check_against_model(cfg, model_size(cfg))
 
 
 def test_command_line_settings_apply_only_to_the_strategies_run_now() -> None:
