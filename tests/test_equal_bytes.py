@@ -34,8 +34,26 @@ def test_the_sentence_names_the_leader_and_fetchsgd(tmp_path: Path) -> None:
     cmp = equal_bytes.compare(collect_groups(two_methods(tmp_path)), {"fetchsgd": "FetchSGD"})
     assert cmp.sentence() == (
         "At equal total bytes (122 MB up + down, the smallest run's spend) local_topk errornone leads with 0.7100 "
-        "against FetchSGD's 0.3100; FetchSGD reaches 0.8190 (90% of the best final) on the fewest bytes (300 MB)."
+        "against FetchSGD's 0.3100; FetchSGD reaches 0.8190 (90% of the best final) on the fewest bytes (300 MB; "
+        "no other method reaches it)."
     )
+
+
+def _three(root: Path, fedavg: list[tuple[int, int, float]]) -> str:
+    """FetchSGD ahead of local top-k at 20 + 20 MB, FedAvg's curve as given; the sentence."""
+    write_seed(root / "a" / "seed0", "fetchsgd", 0, [(10, 10, 0.45), (20, 20, 0.9)])
+    write_seed(root / "c" / "seed0", "local_topk", 0, [(10, 10, 0.4), (20, 20, 0.8)])
+    write_seed(root / "b" / "seed0", "fedavg", 0, fedavg)
+    return equal_bytes.compare(collect_groups(root)).sentence()
+
+
+def test_where_fetchsgd_is_ahead_the_sentence_names_the_runner_up(tmp_path: Path) -> None:
+    """The next best at the budget, and the next fewest bytes to the target (or that no other reaches it)."""
+    sentence = _three(tmp_path / "none", [(10, 10, 0.35), (20, 20, 0.7)])
+    assert "fetchsgd leads with 0.9000 against local_topk's 0.8000;" in sentence
+    assert "on the fewest bytes (40 MB; no other method reaches it)." in sentence
+    sentence = _three(tmp_path / "fedavg", [(10, 10, 0.35), (20, 20, 0.7), (30, 30, 0.85)])
+    assert "fetchsgd reaches 0.8100 (90% of the best final) on the fewest bytes (40 MB; fedavg: 60 MB)." in sentence
 
 
 def test_accuracy_at_a_budget_below_every_round_is_zero() -> None:

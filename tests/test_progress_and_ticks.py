@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from experiments.analysis.plots import PARETO, BytesFormatter, plot_experiment
+from experiments.analysis.plots import PARETO, BytesFormatter, BytesLocator, plot_experiment
 from experiments.analysis.results import format_bytes
 from experiments.running.progress import LineProgress, RunWatcher, make_progress
 from fedsketch import runlog
@@ -112,3 +113,26 @@ def test_byte_axes_have_at_least_three_labelled_ticks_in_mb_and_gb(tmp_path: Pat
         assert len(ticks) >= 3, (name, ticks)
         assert all(re.fullmatch(r"[\d.]+ (kB|MB|GB)", t) for t in ticks), (name, ticks)
         assert _values(ticks) == sorted(set(_values(ticks))), (name, ticks)
+
+
+@pytest.mark.parametrize(("low", "high"), [(6.5e6, 10.5e6), (55e6, 95e6), (1.2e9, 3.9e9), (2e5, 9e7)])
+@pytest.mark.parametrize("width", [2.5, 6.0])
+def test_byte_tick_labels_never_overlap_on_a_narrow_axis(low: float, high: float, width: float) -> None:
+    """Digit steps crowd toward a decade's top on a log axis; drawn, no two labels touch, and two at least show."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, 2.0), dpi=100)
+    try:
+        ax.set_xscale("log")
+        ax.set_xlim(low, high)
+        ax.xaxis.set_major_locator(BytesLocator())
+        ax.xaxis.set_major_formatter(BytesFormatter())
+        fig.canvas.draw()
+        boxes = sorted(
+            (label.get_window_extent() for label in ax.get_xticklabels() if label.get_text()), key=lambda b: b.x0
+        )
+        assert len(boxes) >= 2, [label.get_text() for label in ax.get_xticklabels()]
+        for left, right in itertools.pairwise(boxes):
+            assert left.x1 < right.x0, [label.get_text() for label in ax.get_xticklabels()]
+    finally:
+        plt.close(fig)

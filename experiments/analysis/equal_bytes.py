@@ -65,13 +65,15 @@ class Comparison:
         return all(best.at_budget.low > e.at_budget.high for e in self.entries if e is not best)
 
     def sentence(self) -> str:
-        """The verdict: who leads at the budget and who reaches the target on the fewest bytes."""
+        """The verdict: who leads at the budget and who reaches the target on the fewest bytes, each against
+        FetchSGD, or against the runner-up where FetchSGD is the one ahead."""
         best, fastest = self.best_at_budget(), self.fewest_to_target()
         words = [f"At equal total bytes ({format_bytes(self.budget)} up + down, the smallest run's spend)"]
         words.append(f"{best.name} leads with {best.at_budget.mean:.4f}")
-        focus = next((e for e in self.entries if e.strategy == FOCUS), None)
-        if focus is not None and focus is not best:
-            words.append(f"against {focus.name}'s {focus.at_budget.mean:.4f}")
+        others = [e for e in self.entries if e is not best]
+        rival = self._focus(others) or max(others, key=lambda e: e.at_budget.mean, default=None)
+        if rival is not None:
+            words.append(f"against {rival.name}'s {rival.at_budget.mean:.4f}")
         if len(self.entries) > 1 and not self.separated():
             words.append("(seed bands overlap)")
         line = " ".join(words) + "; "
@@ -79,10 +81,19 @@ class Comparison:
             return line + f"no method reaches {self.target:.4f} (90% of the best final) on every seed."
         line += f"{fastest.name} reaches {self.target:.4f} (90% of the best final) on the fewest bytes"
         line += f" ({format_bytes(fastest.to_target.mean if fastest.to_target else 0)}"
-        if focus is not None and focus is not fastest:
-            reach = format_bytes(focus.to_target.mean) if focus.to_target else "not reached"
-            line += f"; {focus.name}: {reach}"
+        others = [e for e in self.entries if e is not fastest]
+        reached = [e for e in others if e.to_target is not None]
+        rival = self._focus(others) or min(reached, key=lambda e: e.to_target.mean if e.to_target else 0, default=None)
+        if rival is not None:
+            line += f"; {rival.name}: {format_bytes(rival.to_target.mean) if rival.to_target else 'not reached'}"
+        elif others:
+            line += "; no other method reaches it"
         return line + ")."
+
+    @staticmethod
+    def _focus(entries: Sequence[Entry]) -> Entry | None:
+        """FetchSGD's entry among ``entries``, if it is there."""
+        return next((e for e in entries if e.strategy == FOCUS), None)
 
 
 def accuracy_at(rows: Sequence[Row], budget: float) -> float:

@@ -26,6 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
+from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import Formatter, Locator, MaxNLocator, NullFormatter
 
 from experiments.analysis.results import Row, RunGroup, collect_groups, format_bytes, pareto_front, summarize
@@ -169,7 +171,29 @@ class BytesLocator(Locator):
         if self.axis is None:
             return []
         low, high = self.axis.get_view_interval()
-        return self.tick_values(low, high)
+        return self.spaced(self.tick_values(low, high))
+
+    def spaced(self, ticks: list[float]) -> list[float]:
+        """``ticks`` thinned from the left so that neighbours' labels do not touch on screen.
+
+        On a log axis the digit steps crowd toward a decade's top (7, 8, 9, 10 MB); a label
+        (``70 MB``) is taken as six characters of the tick font wide, its height tall on a
+        vertical axis.
+        """
+        axis = self.axis
+        if not isinstance(axis, Axis) or axis.axes is None or len(ticks) < 2:
+            return ticks
+        axes = axis.axes
+        size = FontProperties(size=matplotlib.rcParams["xtick.labelsize"]).get_size_in_points()
+        horizontal = axis is axes.xaxis
+        need = (3.6 if horizontal else 1.5) * size * axes.figure.dpi / 72
+        column = 0 if horizontal else 1
+        place = [axes.transData.transform((t, t))[column] for t in ticks]
+        kept = [0]
+        for i in range(1, len(ticks)):
+            if abs(place[i] - place[kept[-1]]) >= need:
+                kept.append(i)
+        return [ticks[i] for i in kept]
 
     def tick_values(self, vmin: float, vmax: float) -> list[float]:
         low, high = sorted((max(vmin, 1e-300), max(vmax, 1e-300)))
