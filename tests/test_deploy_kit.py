@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 
 from experiments.cli import main as fedsketch_main
 from experiments.deployment.deploy import Deployment, node_settings
-from experiments.deployment.recipe import write_kit
+from experiments.deployment.recipe import check_kit_folder, write_kit
 from experiments.running import runner
 
 
@@ -102,3 +103,34 @@ def test_supernode_auth_without_tls_is_refused_with_the_reason(capsys: pytest.Ca
         Deployment(2, tls=False, auth=True)
     assert fedsketch_main(["deploy", "--auth"]) == 2
     assert "needs TLS" in capsys.readouterr().err
+
+
+def test_a_kit_goes_only_into_a_new_or_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file, a folder holding anything (a partial kit, a key of one's own) is refused; nothing is written."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is a file; a kit needs a new or empty folder"):
+        write_kit(tmp_path / "afile", "10.0.0.1", 1)
+    for held in ("admin/config.toml", "ca.key", "notes.txt"):
+        folder = tmp_path / held.replace("/", "_")
+        (folder / held).parent.mkdir(parents=True)
+        (folder / held).write_text("mine")
+        with pytest.raises(ValueError, match="is not empty; choose an empty folder"):
+            write_kit(folder, "10.0.0.1", 1)
+        assert (folder / held).read_text() == "mine" and len(list(folder.rglob("*"))) == len(Path(held).parts)
+    args = ["deploy", "--kit", str(tmp_path / "ca.key"), "--server", "10.0.0.1"]
+    assert fedsketch_main(args) == 2
+    assert capsys.readouterr().err.strip().endswith("is not empty; choose an empty folder (keys are never overwritten)")
+
+
+def test_a_kit_inside_the_app_folder_must_be_one_git_ignores(tmp_path: Path) -> None:
+    """``flwr run`` ships the app folder: a kit there would travel with every run, its keys included."""
+    app = tmp_path / "app"
+    app.mkdir()
+    subprocess.run(["git", "init", "-q", str(app)], check=True)
+    (app / ".gitignore").write_text("fedsketch-kit/\n")
+    check_kit_folder(app / "fedsketch-kit", app)  # ignored: accepted
+    check_kit_folder(tmp_path / "elsewhere", app)  # outside: accepted
+    with pytest.raises(ValueError, match=r"is inside the app folder .*, which flwr run ships whole"):
+        check_kit_folder(app / "my-kit", app)
+    with pytest.raises(ValueError, match="inside the app folder"):
+        check_kit_folder(tmp_path / "plain" / "fedsketch-kit", tmp_path / "plain")  # no checkout: git cannot say

@@ -194,3 +194,33 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: floa
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"no {text!r} (exit code {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_runtime_port_taken_is_one_line_saying_what_to_do(tmp_path: Path, no_leftover_processes: None) -> None:
+    """Another process holds the device's local Runtime API port: Flower's error, the launcher's advice, no traceback."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    node_cmd = supernode_command(f"127.0.0.1:{free_port()}", taken, 0, 1, None, None)
+    try:
+        done = subprocess.run(
+            [sys.executable, *node_cmd[1:]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={**flower_env(tmp_path / "node"), TAG: str(tmp_path)},
+            start_new_session=True,
+        )
+    finally:
+        holder.close()
+        stop_carrying(TAG, str(tmp_path), 5.0)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "Traceback" not in out, out
+    assert "launcher: SuperNode Runtime HTTP API failed to start. Another process may hold its port" in out, out

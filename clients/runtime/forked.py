@@ -49,6 +49,16 @@ def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool =
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc)
+    except RuntimeError as exc:
+        if "failed to start" not in str(exc):
+            traceback.print_exc()
+        else:  # Flower's own line above names the address; say what to do, without a traceback
+            print(
+                f"launcher: {exc} Another process may hold its port: start the device on a free one "
+                "(supernode.sh: FEDSKETCH_RUNTIME_PORT; the launcher: --port).",
+                file=sys.stderr,
+                flush=True,
+            )
     except BaseException:  # noqa: BLE001 -- report and exit; never return into the launcher
         traceback.print_exc()
     _exit(code)

@@ -79,13 +79,12 @@ def write_kit(
     Raises
     ------
     ValueError
-        If ``num_devices`` < 1 or ``folder`` already holds a kit.
+        If ``num_devices`` < 1, or ``folder`` is no place for a kit (:func:`check_kit_folder`).
     """
     if num_devices < 1:
         raise ValueError(f"a deployment needs at least one device; got {num_devices}")
-    if (folder / "server").exists():
-        raise ValueError(f"{folder} already holds a kit; choose an empty folder (keys are never overwritten)")
     folder = folder.resolve()
+    check_kit_folder(folder)
     certs = make_certificates(folder / "server", hosts=(server, "127.0.0.1", "localhost"))
     (folder / "server" / "ca.key").rename(folder / "ca.key")  # signs certificates: keep it off the server
     admin = folder / "admin"
@@ -99,6 +98,48 @@ def write_kit(
     text = _instructions(folder, certs, server, port, num_devices, files)
     (folder / "INSTRUCTIONS.txt").write_text(text, encoding="utf-8")
     return text
+
+
+APP_DIR = Path(__file__).resolve().parents[2]
+"""The app folder ``flwr run`` ships as a FAB: every file in it that git does not ignore."""
+
+
+def check_kit_folder(folder: Path, app_dir: Path = APP_DIR) -> None:
+    """A kit goes into a new or empty folder, outside what ``flwr run`` ships unless git ignores it there.
+
+    Raises
+    ------
+    ValueError
+        If ``folder`` is a file, holds anything (a kit's keys are never overwritten), or lies in
+        ``app_dir`` where git does not ignore it: each ``flwr run`` would send the kit's keys and,
+        run after run, the apps the devices installed (until Flower refuses the FAB's depth).
+    """
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; a kit needs a new or empty folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        held = "already holds a kit" if (folder / "server").exists() else "is not empty"
+        raise ValueError(f"{folder} {held}; choose an empty folder (keys are never overwritten)")
+    if folder.is_relative_to(app_dir) and not _ignored(folder, app_dir):
+        raise ValueError(
+            f"{folder} is inside the app folder {app_dir}, which flwr run ships whole: choose a folder "
+            "outside it (e.g. ~/fedsketch-kit), or one its .gitignore lists (fedsketch-kit/)"
+        )
+
+
+def _ignored(folder: Path, app_dir: Path) -> bool:
+    """Whether git ignores ``folder`` in ``app_dir`` (``False`` where git cannot tell: no git, not a checkout)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(app_dir), "check-ignore", "-q", str(folder.relative_to(app_dir)) + "/"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def run_config_name(cfg: RunConfig, first: bool) -> str:
