@@ -126,7 +126,15 @@ def prepare(
 
 
 def federation(supernodes: int, gpus: float | None, backend: str | None = None, runtime: str = "process") -> Federation:
-    """The simulated nodes, their share of the CPUs and GPUs, the backend and the runtime (:mod:`experiments.flower.launch`)."""
+    """The simulated nodes, their share of the CPUs and GPUs, the backend and the runtime (:mod:`experiments.flower.federation`).
+
+    Raises
+    ------
+    ConfigError
+        For fewer than one node, a GPU share asked for without a GPU, or an unknown backend or runtime.
+    """
+    if supernodes < 1:
+        raise ConfigError(f"supernodes must be at least 1; got {supernodes}")
     import torch
 
     from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node

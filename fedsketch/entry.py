@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,3 +117,20 @@ def _unpickle(key: str, path: Path) -> Callable[..., Any]:
     if not callable(target):
         raise TypeError(f"setting '{key}': {path} holds a {type(target).__name__}, not a function")
     return target
+
+
+def raised(exc: BaseException) -> str:
+    """What a user's function raised, in one line: ``Type: first line of the message (at file:line)``.
+
+    The place is the deepest frame outside installed packages and fedsketch itself: the user's
+    own line that called into torch or numpy, or raised.
+    """
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    ours = Path(__file__).resolve().parent
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "site-packages" not in f.filename and not Path(f.filename).resolve().is_relative_to(ours)
+    ]
+    place = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {first}{place}"

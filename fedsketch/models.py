@@ -149,10 +149,9 @@ def _user_model(reference: str, shape: tuple[int, ...], num_classes: int, seed: 
         try:
             model = builder(shape, num_classes, seed)
         except Exception as exc:  # noqa: BLE001  # whatever the user's builder raises, as one line with its call
-            first = str(exc).splitlines()[0] if str(exc) else ""
             raise ValueError(
-                f"setting 'model': {reference} raised {type(exc).__name__}: {first} "
-                f"(called with input_shape {shape}, num_classes {num_classes}, seed {seed})"
+                f"setting 'model': {reference} raised {entry.raised(exc)}; "
+                f"called with input_shape {shape}, num_classes {num_classes}, seed {seed}"
             ) from None
     if not isinstance(model, nn.Module):
         raise TypeError(f"setting 'model': {reference} returned a {type(model).__name__}, not a torch.nn.Module")

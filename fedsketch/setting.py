@@ -29,7 +29,7 @@ class HasExtras(Protocol):
 
 @dataclass(frozen=True)
 class Setting(Generic[T]):
-    """One kebab-case key, its type, default and meaning, with optional choices or a lower bound."""
+    """One kebab-case key, its type, default and meaning, with optional choices and bounds (either or both)."""
 
     key: str
     kind: type[T]

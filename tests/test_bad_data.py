@@ -96,8 +96,8 @@ CASES = {
     "test samples of another shape": (_test_shape, {},
                                       r"npz:.*data\.npz: test samples have shape \(1, 4, 5\); expected \(1, 4, 4\)"),
     "a builder that raises": (_no_fault, {"model": "badlab:broken"},
-                              (r"setting 'model': badlab:broken raised RuntimeError: .* \(called with input_shape "
-                               r"\(1, 4, 4\), num_classes 10, seed 0\)$")),
+                              (r"setting 'model': badlab:broken raised RuntimeError: .* \(at .*badlab\.py:\d+\); "
+                               r"called with input_shape \(1, 4, 4\), num_classes 10, seed 0$")),
     "a builder that indexes past the shape": (_no_fault, {"model": "badlab:indexes"},
                                               r"badlab:indexes raised IndexError: tuple index out of range"),
     "model of the wrong input shape": (_no_fault, {"model": "badlab:unflattened"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,15 @@ def test_seeds_below_one_in_the_experiment_file_are_refused(tmp_path: Path, caps
     config.write_text('[run]\nexperiment = "zero"\n\n[compare]\nstrategies = ["fedavg"]\nseeds = 0\n')
     assert main(["plan", str(config), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"fedsketch: error: {config}: seeds must be at least 1; got 0"
+    assert err == f"fedsketch: error: {config}: [compare] seeds must be at least 1; got 0"
+    for bad in ("0.5", '"x"', "true"):
+        config.write_text(f'[run]\nexperiment = "zero"\n\n[compare]\nseeds = {bad}\n')
+        assert main(["plan", str(config), "--out", str(tmp_path / "runs")]) == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith(f"[compare] seeds must be a whole number; got {tomllib.loads(f'v = {bad}')['v']!r}")
+        )
 
 
 def test_a_folder_is_no_experiment_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,6 +82,19 @@ def test_the_one_process_runtime_refuses_bad_arguments_with_its_usage(args: tupl
     assert done.returncode == 2
     assert done.stderr.startswith("usage: python -m experiments.flower.one_process")
     assert "Traceback" not in done.stderr
+
+
+def test_plan_and_run_refuse_an_app_config_that_lacks_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (APP_DIR / "pyproject.toml").read_text(encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text(text.replace("\nqsgd-levels = 15", ""), encoding="utf-8")
+    monkeypatch.setattr("experiments.running.command_plan.APP_DIR", tmp_path)
+    for command in (["plan"], ["run", "--no-plan"]):
+        assert main([*command, "--out", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fedsketch: error: ") and "[tool.flwr.app.config] lacks qsgd-levels" in err, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_setting_missing_from_the_apps_config_is_named_before_anything_starts(tmp_path: Path) -> None:

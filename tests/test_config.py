@@ -76,6 +76,7 @@ def test_the_settings_table_and_the_fields_agree_in_keys_and_types() -> None:
         ({"minimum": 0.0}, -0.5, "must be >= 0.0; got -0.5"),
         ({"maximum": 1.0}, 1.5, "must be <= 1.0; got 1.5"),
         ({"maximum": 1.0}, float("nan"), "must be <= 1.0; got nan"),
+        ({"minimum": 0.0}, float("nan"), "must be >= 0.0; got nan"),
         ({"minimum": 0.0, "maximum": 1.0}, float("nan"), "must be in 0.0..1.0; got nan"),
     ],
 )

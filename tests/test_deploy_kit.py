@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-import subprocess
 import tomllib
 from pathlib import Path
 
@@ -122,15 +121,16 @@ def test_a_kit_goes_only_into_a_new_or_empty_folder(tmp_path: Path, capsys: pyte
     assert capsys.readouterr().err.strip().endswith("is not empty; choose an empty folder (keys are never overwritten)")
 
 
-def test_a_kit_inside_the_app_folder_must_be_one_git_ignores(tmp_path: Path) -> None:
-    """``flwr run`` ships the app folder: a kit there would travel with every run, its keys included."""
+def test_a_kit_inside_the_app_folder_must_be_one_its_gitignore_excludes(tmp_path: Path) -> None:
+    """``flwr run`` ships the app folder less what its ``.gitignore`` excludes: a kit there would travel with every run."""
     app = tmp_path / "app"
     app.mkdir()
-    subprocess.run(["git", "init", "-q", str(app)], check=True)
-    (app / ".gitignore").write_text("fedsketch-kit/\n")
-    check_kit_folder(app / "fedsketch-kit", app)  # ignored: accepted
+    (app / ".gitignore").write_text("fedsketch-kit/\nbuild/\n")
+    check_kit_folder(app / "fedsketch-kit", app)  # excluded: accepted
+    check_kit_folder(app / "build" / "kits" / "one", app)  # below an excluded folder: accepted
     check_kit_folder(tmp_path / "elsewhere", app)  # outside: accepted
-    with pytest.raises(ValueError, match=r"is inside the app folder .*, which flwr run ships whole"):
+    with pytest.raises(ValueError, match=r"is inside the app folder .*, which flwr run ships: choose a folder outside"):
         check_kit_folder(app / "my-kit", app)
+    (app / ".gitignore").unlink()
     with pytest.raises(ValueError, match="inside the app folder"):
-        check_kit_folder(tmp_path / "plain" / "fedsketch-kit", tmp_path / "plain")  # no checkout: git cannot say
+        check_kit_folder(app / "fedsketch-kit", app)  # no .gitignore: everything ships

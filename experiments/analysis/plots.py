@@ -160,7 +160,8 @@ def _xticks(ax: Axes) -> tuple[str, ...]:
 
 
 class BytesLocator(Locator):
-    """Major ticks on a log axis of bytes: at least three in view, at most a dozen.
+    """Major ticks on a log axis of bytes: at least three candidates in view, at most a dozen, thinned
+    on screen so that no two labels touch.
 
     Decades where the axis spans several (every other one beyond a dozen);
     else 1-2-5 steps (100 MB, 200 MB, 500 MB, 1 GB); else every digit (200,
@@ -174,24 +175,21 @@ class BytesLocator(Locator):
         return self.spaced(self.tick_values(low, high))
 
     def spaced(self, ticks: list[float]) -> list[float]:
-        """``ticks`` thinned from the left so that neighbours' labels do not touch on screen.
+        """``ticks`` thinned from the left so that neighbours' labels do not touch on a horizontal axis.
 
         On a log axis the digit steps crowd toward a decade's top (7, 8, 9, 10 MB); a label
-        (``70 MB``) is taken as six characters of the tick font wide, its height tall on a
-        vertical axis.
+        (``70 MB``) is taken as six characters of the tick font wide.
         """
         axis = self.axis
-        if not isinstance(axis, Axis) or axis.axes is None or len(ticks) < 2:
+        if not isinstance(axis, Axis) or axis.axes is None or axis is not axis.axes.xaxis or len(ticks) < 2:
             return ticks
         axes = axis.axes
         size = FontProperties(size=matplotlib.rcParams["xtick.labelsize"]).get_size_in_points()
-        horizontal = axis is axes.xaxis
-        need = (3.6 if horizontal else 1.5) * size * axes.figure.dpi / 72
-        column = 0 if horizontal else 1
-        place = [axes.transData.transform((t, t))[column] for t in ticks]
+        need = 3.6 * size * axes.figure.dpi / 72
+        place = [axes.transData.transform((t, 1.0))[0] for t in ticks]
         kept = [0]
         for i in range(1, len(ticks)):
-            if abs(place[i] - place[kept[-1]]) >= need:
+            if place[i] - place[kept[-1]] >= need:
                 kept.append(i)
         return [ticks[i] for i in kept]
 

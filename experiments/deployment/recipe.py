@@ -24,6 +24,8 @@ from experiments.deployment.deploy_commands import (
     supernode_command,
 )
 from experiments.deployment.pki import ServerCertificates, make_certificates, make_node_keys
+from experiments.flower.app_files import ships
+from experiments.running.command_plan import APP_DIR
 from experiments.running.runner import DEFAULT_CONFIG, load_experiment, run_config_toml
 from fedsketch import runlog
 
@@ -100,46 +102,27 @@ def write_kit(
     return text
 
 
-APP_DIR = Path(__file__).resolve().parents[2]
-"""The app folder ``flwr run`` ships as a FAB: every file in it that git does not ignore."""
-
-
 def check_kit_folder(folder: Path, app_dir: Path = APP_DIR) -> None:
-    """A kit goes into a new or empty folder, outside what ``flwr run`` ships unless git ignores it there.
+    """A kit goes into a new or empty folder that ``flwr run`` of the app does not ship.
 
     Raises
     ------
     ValueError
         If ``folder`` is a file, holds anything (a kit's keys are never overwritten), or lies in
-        ``app_dir`` where git does not ignore it: each ``flwr run`` would send the kit's keys and,
-        run after run, the apps the devices installed (until Flower refuses the FAB's depth).
+        ``app_dir`` where its ``.gitignore`` does not exclude it: each ``flwr run`` would send the
+        kit's keys and, run after run, the apps the devices installed (until Flower refuses the
+        FAB's depth).
     """
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file; a kit needs a new or empty folder")
     if folder.is_dir() and any(folder.iterdir()):
         held = "already holds a kit" if (folder / "server").exists() else "is not empty"
         raise ValueError(f"{folder} {held}; choose an empty folder (keys are never overwritten)")
-    if folder.is_relative_to(app_dir) and not _ignored(folder, app_dir):
+    if ships(app_dir, folder):
         raise ValueError(
-            f"{folder} is inside the app folder {app_dir}, which flwr run ships whole: choose a folder "
-            "outside it (e.g. ~/fedsketch-kit), or one its .gitignore lists (fedsketch-kit/)"
+            f"{folder} is inside the app folder {app_dir}, which flwr run ships: choose a folder "
+            "outside it (e.g. ~/fedsketch-kit), or one its .gitignore excludes (fedsketch-kit/)"
         )
-
-
-def _ignored(folder: Path, app_dir: Path) -> bool:
-    """Whether git ignores ``folder`` in ``app_dir`` (``False`` where git cannot tell: no git, not a checkout)."""
-    import subprocess
-
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(app_dir), "check-ignore", "-q", str(folder.relative_to(app_dir)) + "/"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
 
 
 def run_config_name(cfg: RunConfig, first: bool) -> str:

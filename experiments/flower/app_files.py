@@ -106,6 +106,21 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
     return dest
 
 
+def ships(app_dir: Path, folder: Path) -> bool:
+    """Whether ``flwr run app_dir`` would put ``folder`` in the FAB: it lies in ``app_dir`` and the
+    app's ``.gitignore`` does not exclude it, read as Flower reads it (``True`` where Flower's filter
+    cannot be imported: nothing shows it would be left out)."""
+    if not folder.resolve().is_relative_to(app_dir.resolve()):
+        return False
+    try:
+        from flwr.cli.utils import build_pathspec, load_gitignore_patterns
+    except ImportError:
+        return True
+    ignored = build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
+    rel = folder.resolve().relative_to(app_dir.resolve())
+    return not any(ignored.match_file(f"{Path(*rel.parts[: i + 1]).as_posix()}/") for i in range(len(rel.parts)))
+
+
 @contextmanager
 def staged_app(app_dir: Path, clientapp: str | None = None) -> Iterator[Path]:
     """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""

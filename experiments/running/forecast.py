@@ -196,16 +196,17 @@ def sketch_note(f: RunForecast) -> str | None:
     return REGIME_NOTE.format(label=describe(f.cfg), ratio=ratio, need=REGIME_COLS_PER_K)
 
 
-LARGER = (1.5, 4096)
-"""A client's upload is called larger than the dense float32 update (4 d bytes) above 1.5 times it and 4 KiB
-more: below that, a message's own records (keys, example counts: about 550 bytes) make even uncompressed
-training's upload a little larger than 4 d at a small d."""
+LARGER_RATIO = 1.5
+LARGER_MARGIN_B = 4096
+"""A client's upload is called larger than the dense float32 update (4 d bytes) above both 1.5 times it and
+4 KiB more: below that, a message's own records (keys, example counts: about 550 bytes) make even
+uncompressed training's upload a little larger than 4 d at a small d."""
 
 
 def larger_note(f: RunForecast) -> str | None:
     """For a run whose client uploads clearly more than the dense float32 update: compression that costs here."""
     dense = 4 * f.d
-    if f.upload_per_client <= max(LARGER[0] * dense, dense + LARGER[1]):
+    if f.upload_per_client <= max(LARGER_RATIO * dense, dense + LARGER_MARGIN_B):
         return None
     shape = f" (a {f.cfg.sketch_rows} x {f.cfg.sketch_cols:,} sketch)" if f.cols_per_k is not None else ""
     return (

@@ -157,7 +157,7 @@ def _forward(cfg: RunConfig, data: FederatedData, model: nn.Module) -> None:
     except Exception as exc:  # noqa: BLE001  # whatever the user's model raises, as one line
         raise ConfigError(
             f"setting 'model': {cfg.model} failed on a batch of shape {tuple(batch.shape)} from {data.name}: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"{entry.raised(exc)}"
         ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch.shape[0], data.num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -90,9 +90,7 @@ def load_experiment(
         raise ConfigError(f"{path}: unknown key(s) {sorted(extra)} in [compare]")
     listed = list(compare.get("strategies", [doc.get("run", {}).get("strategy", "fetchsgd")]))
     names = strategies or listed
-    n_seeds = seeds if seeds is not None else int(compare.get("seeds", 1))
-    if n_seeds < 1:
-        raise ConfigError(f"{path}: seeds must be at least 1; got {n_seeds}")
+    n_seeds = _seeds(seeds, compare, path)
     per_strategy = doc.get("strategy", {})
     # The base is checked as the first strategy run now sees it: a setting that only some methods
     # take (``--strategies local_topk --set download-k=3000``) is valid for the runs it reaches.
@@ -129,6 +127,22 @@ def _parse_sweep(
     if runlog.POINT_SEP in base.experiment:
         raise ConfigError(f"experiment name {base.experiment!r} must not contain {runlog.POINT_SEP!r}")
     return grid
+
+
+def _seeds(given: int | None, compare: Mapping[str, Any], path: Path) -> int:
+    """The number of seeds: ``given`` (the command line, the API), else the file's ``[compare] seeds``, else 1.
+
+    Raises
+    ------
+    ConfigError
+        For a count that is not a whole number of at least 1, naming where it came from.
+    """
+    where, value = ("seeds", given) if given is not None else (f"{path}: [compare] seeds", compare.get("seeds", 1))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where} must be a whole number; got {value!r}")
+    if value < 1:
+        raise ConfigError(f"{where} must be at least 1; got {value}")
+    return value
 
 
 def _point_runs(

@@ -178,6 +178,14 @@ def from_idx_files(
 
 
 def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split's samples and labels as float32 and int64 tensors: arrays, tensors, or a map-style Dataset of pairs.
+
+    Raises
+    ------
+    ValueError
+        Naming ``x_{split}`` or ``y_{split}`` of ``source``: samples that are not real numbers (strings,
+        objects, uint8 images not yet scaled), labels that are not integers, or shapes that do not pair up.
+    """
     if isinstance(x, Dataset):
         if y is not None:
             raise ValueError(
@@ -193,7 +201,7 @@ def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, t
         x = torch.stack([torch.as_tensor(sample) for sample, _ in pairs])
         y = torch.tensor([int(label) for _, label in pairs])
     x, y = (v if isinstance(v, torch.Tensor) else np.asarray(v) for v in (x, y))
-    for name, v, wanted in ((f"x_{split}", x, "numbers"), (f"y_{split}", y, "integer labels")):
+    for name, v, wanted in ((f"x_{split}", x, "real numbers"), (f"y_{split}", y, "integer labels")):
         if isinstance(v, np.ndarray) and v.dtype.kind not in "biuf":  # strings, objects: torch cannot take them
             raise ValueError(f"{name} of {source} must hold {wanted}; got {v.dtype}")
     xt, yt = torch.as_tensor(x), torch.as_tensor(y)

@@ -40,8 +40,8 @@ def load(spec: DataSpec) -> tuple[Any, Any, Any, Any, Any]:
     kwargs = {name: value for name, value in (("root", spec.root), ("seed", spec.seed)) if name in declared}
     try:
         result = loader(**kwargs)
-    except Exception as exc:
-        raise ValueError(f"setting 'dataset': {spec.dataset} raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001  # whatever the user's loader raises, as one line with its place
+        raise ValueError(f"setting 'dataset': {spec.dataset} raised {entry.raised(exc)}") from None
     return unpack(result, spec.dataset)
 
 
