@@ -107,3 +107,11 @@ def test_a_setting_missing_from_the_apps_config_is_named_before_anything_starts(
         check_app_config(tmp_path, keys)
     with pytest.raises(ConfigError, match=r"lists unknown-levels, which no setting declares"):
         check_app_config(tmp_path, [key for key in keys if key != "qsgd-levels"])
+
+
+def test_the_python_api_refuses_fewer_than_one_node() -> None:
+    from experiments.api import federation
+
+    with pytest.raises(ConfigError, match="supernodes must be at least 1; got 0"):
+        federation(0, None)
+    assert federation(1, None).num_supernodes == 1
