@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from fedsketch.setting import ConfigError
 
@@ -76,15 +77,17 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
     """
     if app_dir.resolve().is_relative_to(dest.resolve()):
         raise ValueError(f"cannot stage the app {app_dir} into {dest}: it would be deleted first")
+    ignored = _gitignore(app_dir)
     try:
-        from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
-    except ImportError:  # a Flower without these helpers: let `flwr run` walk the folder itself
+        from flwr.cli.utils import filter_paths_for_publish
+    except ImportError:
+        ignored = None
+    if ignored is None:  # a Flower without these helpers: let `flwr run` walk the folder itself
         return app_dir
-    ignored = build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
     files: dict[str, Path] = {}
     for folder, dirs, names in os.walk(app_dir, followlinks=False):
         rel = Path(folder).relative_to(app_dir)
-        dirs[:] = [d for d in dirs if not ignored.match_file(f"{(rel / d).as_posix()}/")]
+        dirs[:] = [d for d in dirs if not _excludes(ignored, rel / d)]
         for name in names:
             path = Path(folder) / name
             if not path.is_symlink():
@@ -110,15 +113,28 @@ def ships(app_dir: Path, folder: Path) -> bool:
     """Whether ``flwr run app_dir`` would put ``folder`` in the FAB: it lies in ``app_dir`` and the
     app's ``.gitignore`` does not exclude it, read as Flower reads it (``True`` where Flower's filter
     cannot be imported: nothing shows it would be left out)."""
-    if not folder.resolve().is_relative_to(app_dir.resolve()):
+    app, target = app_dir.resolve(), folder.resolve()
+    if not target.is_relative_to(app):
         return False
+    ignored = _gitignore(app)
+    if ignored is None:
+        return True
+    parts = target.relative_to(app).parts
+    return not any(_excludes(ignored, Path(*parts[: i + 1])) for i in range(len(parts)))
+
+
+def _gitignore(app_dir: Path) -> Any | None:
+    """The app's ``.gitignore`` as Flower's FAB filter reads it (a pathspec); ``None`` without Flower's helpers."""
     try:
         from flwr.cli.utils import build_pathspec, load_gitignore_patterns
     except ImportError:
-        return True
-    ignored = build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
-    rel = folder.resolve().relative_to(app_dir.resolve())
-    return not any(ignored.match_file(f"{Path(*rel.parts[: i + 1]).as_posix()}/") for i in range(len(rel.parts)))
+        return None
+    return build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
+
+
+def _excludes(ignored: Any, rel_folder: Path) -> bool:
+    """Whether the pathspec ``ignored`` leaves out the folder at ``rel_folder`` (relative to the app)."""
+    return bool(ignored.match_file(f"{rel_folder.as_posix()}/"))
 
 
 @contextmanager
