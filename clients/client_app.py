@@ -21,12 +21,14 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import kept_model, messages
+from clients.merged import merged_reply
 from clients.secure import is_secure, secure_aggregation_mod, secure_train
 from fedsketch import client_state, wire
 from fedsketch.client_state import DiskStates, state_root
 from fedsketch.cohort import ClientOutcome, answer_queries, run_cohort
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, State, received_round_config
+from fedsketch.uploads import mergeable
 
 app = ClientApp(mods=[secure_aggregation_mod])
 
@@ -100,17 +102,18 @@ def _jobs(
 
 def _train(
     cfg: RunConfig, request: messages.Request, context: Context, jobs: list[ClientJob], echo: dict[str, int]
-) -> tuple[list[ClientOutcome], dict[str, int]]:
-    """A first exchange: the model (kept and caught up, on a device with sparse downloads), then the cohort."""
+) -> tuple[list[ClientOutcome], dict[str, int], int]:
+    """A first exchange: the model (kept and caught up, on a device with sparse downloads), then the cohort;
+    also the model's size (0 where there is none)."""
     try:
         initial = (lambda: kept_model.initial_weights(cfg)) if cfg.download_from_init else None
         weights = kept_model.weights_for(request, context, initial)
     except ValueError as exc:
-        return [ClientOutcome(job.cid, None, error=str(exc)) for job in jobs], echo
+        return [ClientOutcome(job.cid, None, error=str(exc)) for job in jobs], echo, 0
     if cfg.download == "sparse" and cfg.client_assignment == "node":
         kept_model.keep(context, weights, request.server_round)
         echo = {**echo, wire.MODEL_CRC: messages.model_crc(weights)}
-    return run_cohort(cfg, weights, jobs), echo
+    return run_cohort(cfg, weights, jobs), echo, weights.size
 
 
 @app.train()
@@ -124,13 +127,17 @@ def train(msg: Message, context: Context) -> Message:
     echo = received_round_config(cfg, request.config)
     store = _store(cfg, context)
     jobs, bases, unreadable = _jobs(store, request, cids, echo)
+    d = 0
     if request.phase == 2:
         outcomes = answer_queries(cfg, jobs, request.query or {})
     else:
-        outcomes, echo = _train(cfg, request, context, jobs, echo)
+        outcomes, echo, d = _train(cfg, request, context, jobs, echo)
     content = RecordDict()
     for cid, reason in unreadable.items():
         messages.add_failure(content, cid, reason)
+    if d and request.cids and mergeable(cfg):  # a simulated node's cohort of clients without state
+        merged_reply(cfg, content, outcomes, echo, d, request.server_round)
+        return Message(content=content, reply_to=msg)
     outcomes.reverse()
     while outcomes:  # each client's arrays are let go once the reply holds their bytes
         out = outcomes.pop()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import operator
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -72,24 +71,86 @@ def _distinct(items: list[Any], key: Any, same: Any) -> tuple[list[int], list[An
     return index, firsts
 
 
-def _array_record_bytes(record: ArrayRecord) -> int:
+@dataclass(frozen=True)
+class _Blob:
+    """An Array's metadata and serialized bytes, held as a header and a body that are never joined."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stype: str
+    head: bytes
+    body: memoryview
+
+    @property
+    def size(self) -> tuple[str, tuple[int, ...], str, int]:
+        return self.dtype, self.shape, self.stype, len(self.head) + len(self.body)
+
+    def chunks(self) -> list[tuple[bytes, memoryview]]:
+        """Each ``MAX_CHUNK`` of the bytes as (its part of the header, its part of the body)."""
+        h, total = len(self.head), len(self.head) + len(self.body)
+        return [
+            (self.head[i : i + MAX_CHUNK], self.body[max(i - h, 0) : max(i + MAX_CHUNK - h, 0)])
+            for i in range(0, total, MAX_CHUNK)
+        ]
+
+
+def _same_bytes(a: tuple[bytes, memoryview], b: tuple[bytes, memoryview]) -> bool:
+    """Whether two chunks hold the same bytes (the same length is known); joined only where a header differs."""
+    if len(a[0]) == len(b[0]):
+        return a[0] == b[0] and a[1] == b[1]
+    return bytes(a[0]) + bytes(a[1]) == bytes(b[0]) + bytes(b[1])
+
+
+def _blob(array: Array) -> _Blob:
+    return _Blob(array.dtype, tuple(array.shape), array.stype, b"", memoryview(array.data))
+
+
+def _record_bytes(names: list[str], blobs: list[_Blob]) -> int:
     """``ArrayRecord.deflate()`` (names -> ids) plus each distinct Array once."""
-    _, arrays = _distinct(list(record.values()), _array_size, lambda a, b: a.data == b.data)
-    body = len(json.dumps(dict.fromkeys(record.keys(), "0" * _ID_LEN)).encode())
+    _, arrays = _distinct(blobs, lambda b: b.size, lambda a, b: a.head + a.body == b.head + b.body)
+    body = len(json.dumps(dict.fromkeys(names, "0" * _ID_LEN)).encode())
     return _object_bytes("ArrayRecord", len(arrays), body) + sum(map(_array_bytes, arrays))
 
 
-def _array_size(array: Array) -> tuple[str, tuple[int, ...], str, int]:
-    return array.dtype, tuple(array.shape), array.stype, len(array.data)
+def _array_record_bytes(record: ArrayRecord) -> int:
+    return _record_bytes(list(record.keys()), [_blob(a) for a in record.values()])
 
 
-def _array_bytes(array: Array) -> int:
+def _array_bytes(blob: _Blob) -> int:
     """``Array.deflate()`` (its metadata and chunk list) plus each distinct chunk once."""
-    data = memoryview(array.data)
-    index, chunks = _distinct([data[i : i + MAX_CHUNK] for i in range(0, len(data), MAX_CHUNK)], len, operator.eq)
-    meta = {"dtype": array.dtype, "shape": array.shape, "stype": array.stype, "arraychunk_ids": index}
+    pieces = blob.chunks()
+    index, chunks = _distinct(pieces, lambda c: len(c[0]) + len(c[1]), _same_bytes)
+    meta = {"dtype": blob.dtype, "shape": list(blob.shape), "stype": blob.stype, "arraychunk_ids": index}
     body = len(json.dumps(meta).encode())
-    return _object_bytes("Array", len(chunks), body) + sum(_object_bytes("ArrayChunk", 0, len(c)) for c in chunks)
+    sizes = (len(h) + len(b) for h, b in chunks)
+    return _object_bytes("Array", len(chunks), body) + sum(_object_bytes("ArrayChunk", 0, n) for n in sizes)
+
+
+def payload_bytes(payload: Mapping[str, np.ndarray]) -> int:
+    """``wire_bytes(payload_to_record(payload))``, without copying the arrays into records: what a client
+    whose upload a node merged would have sent (docs/simulation.md)."""
+    blobs = []
+    for arr in payload.values():
+        arr = np.ascontiguousarray(arr)
+        head = _npy_header(arr)
+        if head is None:  # Flower's own encoding: build it
+            blobs.append(_blob(Array(arr)))
+            continue
+        body = memoryview(arr.reshape(-1).view(np.uint8))
+        blobs.append(_Blob(str(arr.dtype), tuple(arr.shape), "numpy.ndarray", head, body))
+    return _record_bytes(list(payload), blobs)
+
+
+def _npy_header(arr: np.ndarray) -> bytes | None:
+    """``np.save``'s format 1.0 header of ``arr``; ``None`` where it needs another format or holds objects."""
+    if arr.dtype.hasobject:
+        return None
+    header = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(arr))
+    except ValueError:  # the header needs format 2.0
+        return None
+    return header.getvalue()
 
 
 def payload_to_record(payload: Mapping[str, np.ndarray]) -> ArrayRecord:
@@ -108,14 +169,10 @@ def npy_array(arr: np.ndarray) -> Array:
     through Flower's own path.
     """
     arr = np.ascontiguousarray(arr)
-    if arr.dtype.hasobject:  # np.save's to refuse
+    header = _npy_header(arr)
+    if header is None:  # objects (np.save's to refuse), or a header that needs format 2.0
         return Array(arr)
-    header = io.BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(arr))
-    except ValueError:  # the header needs format 2.0
-        return Array(arr)
-    data = b"".join((header.getvalue(), arr.reshape(-1).view(np.uint8).data))
+    data = b"".join((header, arr.reshape(-1).view(np.uint8).data))
     return Array(str(arr.dtype), tuple(arr.shape), "numpy.ndarray", data)
 
 
@@ -296,3 +353,8 @@ def add_update(
 def add_failure(content: RecordDict, cid: int, reason: str) -> None:
     """One logical client's failure entry instead of an update."""
     content[wire.failure_key(cid)] = failure_record(reason or "unknown error")
+
+
+def add_rejection(content: RecordDict, cid: int, reason: str, billed: int) -> None:
+    """In a merged reply: why the node's checks refused logical client ``cid``'s upload, and what it sent."""
+    content[wire.rejected_key(cid)] = ConfigRecord({wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed})

@@ -106,6 +106,7 @@ class RunConfig:
     # --- switches
     momentum_zeroing: bool = _s("momentum-zeroing")
     secure_aggregation: bool = _s("secure-aggregation")
+    merge_uploads: bool = _s("merge-uploads")
     diagnose_sketch: bool = _s("diagnose-sketch")
     # --- the settings methods declare (see DECLARED), as (key, value) pairs in key order
     extras: tuple[tuple[str, Any], ...] = ()

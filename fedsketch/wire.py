@@ -19,6 +19,12 @@ reply    ``update.<cid>``     ArrayRecord  the client's payload (method-specific
                                            the method's round settings it was sent
                                            (e.g. the sketch's seed and shape)
          ``failure.<cid>``    ConfigRecord {"reason"} instead of the two above
+         ``merged``           ArrayRecord  with ``merge-uploads`` (simulation), instead of
+                                           every ``update.<cid>``: their example-weighted mean
+         ``merged-metrics``   MetricRecord {"num-examples", "clipped"} of that mean; each
+                                           ``metrics.<cid>`` then adds "upload-bytes", and a
+                                           ``rejected.<cid>`` ConfigRecord {"reason"} stands for
+                                           an upload the node's checks refused (fedsketch/uploads.py)
          ``diagnostic.<cid>`` ArrayRecord  {"update": float32[d]}, only with
                                            ``diagnose-sketch`` (simulation): the dense
                                            update the payload encodes; not
@@ -59,10 +65,15 @@ NUM_EXAMPLES = "num-examples"
 LOSS = "loss"
 COMPUTE_S = "compute-s"
 REASON = "reason"
+MERGED_KEY = "merged"
+MERGED_METRICS = "merged-metrics"
+UPLOAD_BYTES = "upload-bytes"  # in a merged reply: what the client's own upload record would have serialized to
+CLIPPED = "clipped"
 
 _UPDATE = "update."
 _METRICS = "metrics."
 _FAILURE = "failure."
+_REJECTED = "rejected."
 _REQUEST = "request."
 _STATE = "state."
 _DIAGNOSTIC = "diagnostic."
@@ -148,6 +159,11 @@ def failure_key(cid: int) -> str:
     return f"{_FAILURE}{cid}"
 
 
+def rejected_key(cid: int) -> str:
+    """Record key of the reason a node's checks refused logical client ``cid``'s upload (merged replies)."""
+    return f"{_REJECTED}{cid}"
+
+
 def diagnostic_key(cid: int) -> str:
     """Record key of logical client ``cid``'s diagnostic arrays (simulation only, not an upload)."""
     return f"{_DIAGNOSTIC}{cid}"
@@ -173,7 +189,7 @@ def state_key(cid: int) -> str:
 
 def parse_cid(key: str) -> tuple[str, int] | None:
     """``"update.17" -> ("update", 17)``; ``None`` for a key of no known kind."""
-    for prefix in (_UPDATE, _METRICS, _FAILURE):
+    for prefix in (_UPDATE, _METRICS, _FAILURE, _REJECTED):
         if key.startswith(prefix):
             tail = key[len(prefix) :]
             if tail.isdigit():

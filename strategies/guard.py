@@ -35,6 +35,7 @@ from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Method
 from fedsketch.methods.method import payload_norm
 from fedsketch.privacy import clip_factor
+from fedsketch.uploads import clip_payload
 
 
 def noise_generator() -> torch.Generator:
@@ -88,15 +89,8 @@ def scale_payload(u: ClientUpdate, factor: float) -> ClientUpdate:
     A diagnostic dense update is scaled with its sketch, so that it stays the vector the sketch encodes.
     """
     decoded = u.decoded * factor if isinstance(u.decoded, torch.Tensor) else u.decoded
-    diagnostic = _scaled(u.diagnostic, factor) if u.diagnostic is not None else None
-    return dataclasses.replace(u, payload=_scaled(u.payload, factor), decoded=decoded, diagnostic=diagnostic)
-
-
-def _scaled(arrays: dict[str, np.ndarray], factor: float) -> dict[str, np.ndarray]:
-    return {
-        name: (arr * np.float32(factor)).astype(arr.dtype) if arr.dtype.kind == "f" else arr
-        for name, arr in arrays.items()
-    }
+    diagnostic = clip_payload(u.diagnostic, factor) if u.diagnostic is not None else None
+    return dataclasses.replace(u, payload=clip_payload(u.payload, factor), decoded=decoded, diagnostic=diagnostic)
 
 
 def noisy_mean(

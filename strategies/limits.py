@@ -24,14 +24,10 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from fedsketch.methods.method import Layout
+from fedsketch.uploads import MAX_ABS
 
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned ints, floats: what payloads are made of
 MAX_HEADER = 4096  # an honest .npy header of a plain array is 128 bytes
-MAX_ABS = 1e20
-"""No float a client sends may exceed this in magnitude. Training that produces
-such values has diverged already; below it, a round's sum over clients and its
-accumulation over rounds stay far from float32's 3.4e38, so admitted values can
-never overflow the server's state."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,8 @@ class ReplyLimits:
     num_clients
         Where a node names its own client (one client per node), the id must
         be below this.
+    merged
+        Whether a node may reply with its clients' uploads merged (``merge-uploads``).
     """
 
     max_examples: int
@@ -64,6 +62,7 @@ class ReplyLimits:
     echo: dict[str, int | float | str] = field(default_factory=dict)
     num_clients: int | None = None
     max_abs: float = MAX_ABS
+    merged: bool = False  # a node may merge its clients' uploads (``merge-uploads``, fedsketch/uploads.py)
 
 
 def spec_bytes(shapes: list[tuple[tuple[int, ...], np.dtype]]) -> int:
@@ -185,10 +184,12 @@ def decode_all(decoder: Callable[[dict[str, np.ndarray]], object], payload: dict
     return decoded
 
 
-def for_layout(layout: Layout, echo: dict[str, Any], dense_bytes: int, max_examples: int, clients: int) -> ReplyLimits:
+def for_layout(
+    layout: Layout, echo: dict[str, Any], dense_bytes: int, max_examples: int, clients: int, merged: bool = False
+) -> ReplyLimits:
     """What one client's reply may be: an exact layout bounds its own size; a decoder gets twice the dense model's."""
     if callable(layout):
         max_bytes, max_arrays = 2 * dense_bytes + 2**16, 16
     else:
         max_bytes, max_arrays = spec_bytes(list(layout.values())), len(layout)
-    return ReplyLimits(max_examples, max_bytes, max_arrays, echo, clients)
+    return ReplyLimits(max_examples, max_bytes, max_arrays, echo, clients, merged=merged)

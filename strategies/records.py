@@ -36,7 +36,8 @@ def reply_counts(got: RoundReplies) -> Counts:
 def round_counts(got: RoundReplies, dense_bytes: int) -> Counts:
     """A round's first exchange: :func:`reply_counts`, and the clients that contributed with the dense bytes they
     stand for (``dense_bytes`` each: what an uncompressed upload would have cost)."""
-    return {**reply_counts(got), "clients": len(got.updates), "dense": dense_bytes * len(got.updates)}
+    clients = len(got.contributors())
+    return {**reply_counts(got), "clients": clients, "dense": dense_bytes * clients}
 
 
 def round_line(

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -32,10 +31,9 @@ from flwr.serverapp import Grid
 from clients.messages import Records, records_of, wire_bytes
 from fedsketch import wire
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
+from fedsketch.uploads import check_layout, check_values
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
-
-TORCH_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning, __name__)
 """A reply's arrays are read-only views of its bytes (:mod:`strategies.limits`), which :func:`check_values`
@@ -55,12 +53,19 @@ class RoundReplies:
     """
 
     updates: list[ClientUpdate] = field(default_factory=list)
+    merged: list[ClientUpdate] = field(default_factory=list)  # nodes' merged uploads (``merge-uploads``)
+    members: list[ClientUpdate] = field(default_factory=list)  # their clients, each counted (no payload)
+    clipped: int = 0  # uploads the nodes that merged them scaled down to ``clip-norm``
     failures: dict[int, str] = field(default_factory=dict)
     upload_bytes: int = 0
     diagnostic_bytes: int = 0  # not communication: what clients handed over for diagnostics only
     timeouts: int = 0
     errors: int = 0
     rejected: int = 0
+
+    def contributors(self) -> list[ClientUpdate]:
+        """Every client whose upload counts this round, by client id: unmerged ones and merged ones' members."""
+        return sorted([*self.updates, *self.members], key=lambda u: u.cid)
 
     @property
     def failed(self) -> int:
@@ -147,6 +152,7 @@ def collect(
     for cid, reason in out.failures.items():
         log(WARNING, "client %d rejected: %s", cid, reason)
     out.updates.sort(key=lambda u: u.cid)
+    out.merged.sort(key=lambda u: u.cid)
     return out
 
 
@@ -186,6 +192,9 @@ def _collect_content(
     content: RecordDict,
 ) -> None:
     configs, metric_records = found.configs, found.metrics
+    if wire.MERGED_METRICS in metric_records or wire.MERGED_KEY in found.arrays:
+        _collect_merged(found, node, asked, spec, limits, out, content)
+        return
     for cid in asked:
         if wire.failure_key(cid) in configs:
             reason = str(configs[wire.failure_key(cid)].get(wire.REASON, "unknown"))
@@ -210,25 +219,79 @@ def _collect_content(
         out.updates.append(ClientUpdate(cid, payload, num_examples, loss, nbytes, node, decoded, diagnostic))
 
 
-def check_values(name: str, arr: np.ndarray, max_abs: float) -> None:
-    """Reject a float array holding NaN, Inf or a value beyond ``+-max_abs``.
-
-    Its minimum and maximum say it all without a temporary array: either is
-    NaN when any value is, infinite when any value is and none is NaN, and
-    ``max(|min|, |max|)`` is the largest magnitude otherwise. torch finds both
-    in one pass, on all of its threads (numpy: two passes, on one).
-    """
-    if arr.dtype.kind != "f" or not arr.size:
+def _collect_merged(
+    found: Records,
+    node: int,
+    asked: list[int],
+    spec: PayloadSpec | PayloadCheck,
+    limits: ReplyLimits,
+    out: RoundReplies,
+    content: RecordDict,
+) -> None:
+    """A node's merged reply (:mod:`clients.merged`): each asked client billed its own upload's bytes and judged
+    by its metrics; the mean is accepted if it has the layout and the accepted clients' total examples."""
+    members = []
+    for cid in asked:
+        if wire.failure_key(cid) in found.configs:
+            out.fail(cid, "errors", str(found.configs[wire.failure_key(cid)].get(wire.REASON, "unknown")))
+            continue
+        refused = found.configs.get(wire.rejected_key(cid))
+        if refused is not None and limits.merged:  # the node's checks refused the upload it sent
+            out.upload_bytes += _billed(refused.get(wire.UPLOAD_BYTES), 4 * limits.max_bytes) or 0
+            out.fail(cid, "rejected", str(refused.get(wire.REASON, "unknown")))
+            continue
+        metrics = found.metrics.get(wire.metrics_key(cid))
+        if metrics is None or not limits.merged:
+            out.fail(cid, "rejected", "reply has no metrics for this client" if limits.merged else "merged reply refused")
+            continue
+        own = MetricRecord({k: v for k, v in metrics.items() if k != wire.UPLOAD_BYTES})
+        billed = _billed(metrics.get(wire.UPLOAD_BYTES), 2 * limits.max_bytes)
+        try:
+            if billed is None:
+                raise ValueError(f"upload-bytes {str(metrics.get(wire.UPLOAD_BYTES))[:40]} is not a size it can be")
+            nbytes = billed + wire_bytes(own)
+            out.upload_bytes += nbytes
+            num_examples, loss = _validated_metrics(own, limits)
+        except ValueError as exc:
+            out.fail(cid, "rejected", str(exc))
+            continue
+        members.append(ClientUpdate(cid, {}, num_examples, loss, nbytes, node))
+    arrays, totals = _take(content, found, wire.MERGED_KEY), found.metrics.get(wire.MERGED_METRICS)
+    if not members:
         return
-    if arr.dtype in TORCH_FLOATS:
-        low, high = torch.aminmax(torch.from_numpy(arr))
-    else:  # float128, say: torch has no such type
-        low, high = arr.min(), arr.max()
-    largest = max(abs(float(low)), abs(float(high)))
-    if not math.isfinite(largest):
-        raise ValueError(f"array '{name}' has NaN or Inf")
-    if largest > max_abs:
-        raise ValueError(f"array '{name}' has a value beyond +-{max_abs:g}")
+    try:
+        payload = _validated_merge(arrays, totals, sum(m.num_examples for m in members), spec, limits)
+    except ValueError as exc:
+        for m in members:
+            out.fail(m.cid, "rejected", f"merged upload: {exc}")
+        return
+    losses = [m.loss for m in members if m.loss == m.loss]
+    loss = sum(losses) / len(losses) if losses else float("nan")
+    out.members += members
+    out.merged.append(ClientUpdate(members[0].cid, payload, sum(m.num_examples for m in members), loss, 0, node))
+    out.clipped += int(totals.get(wire.CLIPPED, 0)) if totals is not None else 0
+
+
+def _billed(value: object, most: int) -> int | None:
+    """A merged reply's ``upload-bytes``: an int in ``1..most``, else ``None``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most else None
+
+
+def _validated_merge(
+    arrays: ArrayRecord | None,
+    totals: MetricRecord | None,
+    examples: int,
+    spec: PayloadSpec | PayloadCheck,
+    limits: ReplyLimits,
+) -> dict[str, np.ndarray]:
+    """A merged mean: present, of the method's exact layout, and of exactly the accepted clients' examples."""
+    if arrays is None or totals is None or callable(spec):
+        raise ValueError("no merged arrays and totals of a fixed layout")
+    total = totals.get(wire.NUM_EXAMPLES)
+    if total != examples:
+        raise ValueError(f"num-examples {str(total)[:40]} != the accepted clients' {examples}")
+    payload, _ = _validated_payload(arrays, spec, limits)
+    return payload
 
 
 def _validated_diagnostic(
@@ -258,12 +321,7 @@ def _validated_payload(
             return payload, decode_all(spec, payload)
         except Exception as exc:  # noqa: BLE001 -- a decoder fed hostile arrays may fail in many ways: reject
             raise ValueError(f"payload does not decode: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if set(payload) != set(spec):
-        raise ValueError(f"payload arrays {sorted(payload)[:8]} != expected {sorted(spec)}")
-    for name, (shape, dtype) in spec.items():
-        arr = payload[name]
-        if arr.shape != shape or arr.dtype != dtype:
-            raise ValueError(f"array '{name}' is {arr.dtype}{list(arr.shape)[:8]}; expected {dtype}{list(shape)}")
+    check_layout(payload, spec)
     return payload, None
 
 

@@ -39,6 +39,7 @@ from fedsketch.flat import get_flat, set_flat
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
 from fedsketch.privacy import privacy_metrics
+from fedsketch.uploads import mergeable
 from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
@@ -122,11 +123,11 @@ class FedSketchStrategy(Strategy):
         """Validate replies, apply the method's step if enough clients answered."""
         p = self._current(server_round)
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
-        limits = self.reply_limits(layout, p.echo)
+        limits = self.reply_limits(layout, p.echo, merged=mergeable(self.cfg))
         got = collect(replies, p.sent, layout, limits, self.method.wire.diagnostic(self.cfg, self.d), self.requested)
-        node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.updates}}
+        node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.contributors()}}
         self.values = self.values.book(records.round_counts(got, self.dense_bytes), node_cid=node_cid)
-        return self.finish_round(server_round, got, len(got.updates))
+        return self.finish_round(server_round, got, len(got.contributors()))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -204,7 +205,8 @@ class FedSketchStrategy(Strategy):
         if contributors < self.cfg.min_replies:
             why = f"{contributors} valid replies < min-replies {self.cfg.min_replies}"
             return self.skip(server_round, got, why, contributors)
-        updates = got.updates if screened else self.screen(got.updates)
+        updates = sorted([*(got.updates if screened else self.screen(got.updates)), *got.merged], key=lambda u: u.cid)
+        self.values = self.values.book({"clipped": got.clipped})  # by the nodes that merged them
         rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device)
         state, delta, rnd = server_step(self.method, self.state, rnd, self.cfg, self._ask)
         if not guard.all_finite(delta) or not guard.all_finite(state):
@@ -219,7 +221,7 @@ class FedSketchStrategy(Strategy):
         if self.cfg.download == "sparse":
             ledger, _ = download.record_update(self.books.ledger, server_round, before, self.weights)
             self.values = self.values.book(ledger=ledger)
-        losses = [u.loss for u in got.updates if u.loss == u.loss]
+        losses = [u.loss for u in got.contributors() if u.loss == u.loss]
         self.values = self.values.book(last_loss=float(np.mean(losses)) if losses else float("nan"))
         self.round_done(server_round, got, None, contributors)
         return messages.model_record(self.weights.cpu().numpy()), MetricRecord({"train-loss": self.books.last_loss})
@@ -273,16 +275,16 @@ class FedSketchStrategy(Strategy):
         """This round's server learning rate (see :mod:`fedsketch.schedule`)."""
         return schedule.lr_at(self.cfg.lr_schedule, self.cfg.lr, server_round, self.cfg.num_rounds)
 
-    def reply_limits(self, layout: Layout, echo: dict[str, Any]) -> ReplyLimits:
-        """What one client's reply may be (:func:`strategies.limits.for_layout`)."""
-        return for_layout(layout, echo, self.dense_bytes, self.max_examples, self.cfg.num_clients)
+    def reply_limits(self, layout: Layout, echo: dict[str, Any], merged: bool = False) -> ReplyLimits:
+        """What one client's reply may be (:func:`strategies.limits.for_layout`); ``merged``: a node may merge."""
+        return for_layout(layout, echo, self.dense_bytes, self.max_examples, self.cfg.num_clients, merged)
 
     def round_done(self, server_round: int, got: RoundReplies, skipped: str | None, contributors: int) -> None:
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
         the round ended (before its evaluation, if it has one)."""
         if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
             ledger = download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
-            ledger = download.mark_synced(ledger, [u.cid for u in got.updates], server_round)
+            ledger = download.mark_synced(ledger, [u.cid for u in got.contributors()], server_round)
             self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return

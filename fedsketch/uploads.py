@@ -1,0 +1,109 @@
+"""One logical client's upload, judged as the server judges it, and a cohort's linear uploads merged.
+
+The server accepts an upload only if its arrays have the method's exact layout and every float is
+finite and below :data:`MAX_ABS` (``strategies/replies.py``). A simulated node that runs a cohort of
+logical clients may instead merge their uploads before it replies (``merge-uploads``): it judges each
+client's upload with the same checks (:func:`check_upload`), clips it as the server would
+(``clip-norm``, :func:`clip_payload`), and sends one example-weighted mean (:func:`merge`) beside each
+client's metrics and billed bytes. The server's mean of the nodes' means, weighted by their example
+counts, is the mean of the clients' uploads (FetchSGD's tables are linear, Rothchild et al., ICML 2020),
+up to the order of float additions; what it saves: docs/simulation.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedsketch.aggregate import weighted_mean
+from fedsketch.methods import get_method
+from fedsketch.methods.method import Payload, PayloadSpec
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
+
+MAX_ABS = 1e20
+"""No float a client sends may exceed this in magnitude. Training that produces such values has diverged
+already; below it, a round's sum over clients and its accumulation over rounds stay far from float32's
+3.4e38, so admitted values can never overflow the server's state."""
+TORCH_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_values(name: str, arr: np.ndarray, max_abs: float = MAX_ABS) -> None:
+    """Reject a float array holding NaN, Inf or a value beyond ``+-max_abs``.
+
+    Its minimum and maximum say it all without a temporary array: either is NaN when any value is,
+    infinite when any value is and none is NaN, and ``max(|min|, |max|)`` is the largest magnitude
+    otherwise. torch finds both in one pass, on all of its threads (numpy: two passes, on one).
+    """
+    if arr.dtype.kind != "f" or not arr.size:
+        return
+    if arr.dtype in TORCH_FLOATS:
+        low, high = torch.aminmax(torch.from_numpy(arr))
+    else:  # float128, say: torch has no such type
+        low, high = arr.min(), arr.max()
+    largest = max(abs(float(low)), abs(float(high)))
+    if not math.isfinite(largest):
+        raise ValueError(f"array '{name}' has NaN or Inf")
+    if largest > max_abs:
+        raise ValueError(f"array '{name}' has a value beyond +-{max_abs:g}")
+
+
+def check_layout(payload: Payload, spec: PayloadSpec) -> None:
+    """Reject a payload whose arrays are not exactly ``spec``'s names, shapes and dtypes."""
+    if set(payload) != set(spec):
+        raise ValueError(f"payload arrays {sorted(payload)[:8]} != expected {sorted(spec)}")
+    for name, (shape, dtype) in spec.items():
+        arr = payload[name]
+        if arr.shape != shape or arr.dtype != dtype:
+            raise ValueError(f"array '{name}' is {arr.dtype}{list(arr.shape)[:8]}; expected {dtype}{list(shape)}")
+
+
+def check_upload(payload: Payload, spec: PayloadSpec, max_abs: float = MAX_ABS) -> None:
+    """The server's checks of one upload of a fixed layout: the layout, then every float array's values."""
+    check_layout(payload, spec)
+    for name, arr in payload.items():
+        check_values(name, arr, max_abs)
+
+
+def clip_payload(payload: Payload, factor: float) -> Payload:
+    """Every float array times ``factor``, in its own dtype (``clip-norm``'s scaling, wherever it is done)."""
+    return {
+        name: (arr * np.float32(factor)).astype(arr.dtype) if arr.dtype.kind == "f" else arr
+        for name, arr in payload.items()
+    }
+
+
+def mergeable(cfg: RunConfig) -> bool:
+    """Whether a node may merge its cohort's uploads in this run: ``merge-uploads`` is on and nothing needs
+    each client's own upload on the server.
+
+    That rules out methods whose uploads do not add up or have no fixed layout, clients with state
+    (their new state waits for the server to apply their own upload), two-exchange methods (the server
+    asks each client again), ``diagnose-sketch`` (each client's dense update), client-level DP (equal
+    weights and noise on the sum of single clients) and secure aggregation (its own sums).
+    """
+    method = get_method(cfg.strategy)
+    return (
+        cfg.merge_uploads
+        and method.privacy.linear
+        and isinstance(method.wire.layout(cfg, 1, 0), dict)
+        and method.client.state_vectors(cfg) == 0
+        and method.server.ask is None
+        and not cfg.diagnose_sketch
+        and cfg.dp_noise_multiplier == 0
+        and not cfg.secure_aggregation
+    )
+
+
+def merge(payloads: list[Payload], weights: list[int], spec: PayloadSpec, device: torch.device) -> Payload:
+    """The ``weights``-weighted mean of ``payloads``, array by array, added on ``device`` in the order given and
+    returned in each array's dtype (:func:`fedsketch.aggregate.weighted_mean`, the server's own mean)."""
+    out = {}
+    for name, (shape, dtype) in spec.items():
+        like = torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, device=device)
+        out[name] = weighted_mean([p[name] for p in payloads], weights, like=like).cpu().numpy()
+    return out
