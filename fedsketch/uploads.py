@@ -13,6 +13,7 @@ up to the order of float additions; what it saves: docs/simulation.md.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +31,10 @@ MAX_ABS = 1e20
 already; below it, a round's sum over clients and its accumulation over rounds stay far from float32's
 3.4e38, so admitted values can never overflow the server's state."""
 TORCH_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning, __name__)
+"""A reply's arrays are read-only views of its bytes (``strategies/limits.py``), which :func:`check_values` only
+reads: torch's warning that a tensor made from one could write to it is noise here."""
 
 
 def check_values(name: str, arr: np.ndarray, max_abs: float = MAX_ABS) -> None:

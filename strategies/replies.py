@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -35,10 +34,6 @@ from fedsketch.uploads import check_layout, check_values
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 
-warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning, __name__)
-"""A reply's arrays are read-only views of its bytes (:mod:`strategies.limits`), which :func:`check_values`
-only reads: torch's warning that a tensor made from one could write to it is noise here (shown once,
-in the middle of the byte plan of ``fedsketch run``)."""
 
 
 @dataclass

@@ -141,3 +141,14 @@ def test_a_bad_upload_inside_a_merged_reply_is_rejected_and_counted(tmp_path: Pa
 )
 def test_only_uploads_that_add_up_and_need_nothing_alone_are_merged(settings: dict[str, Any]) -> None:
     assert not mergeable(RunConfig.from_mapping({**BASE, **settings, "merge-uploads": True}))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_node_merges_on_the_gpu_as_on_the_cpu() -> None:
+    rng = np.random.default_rng(2)
+    payloads = [{"table": rng.standard_normal((5, 500_000)).astype(np.float32)} for _ in range(9)]
+    spec = {"table": ((5, 500_000), np.dtype(np.float32))}
+    weights = [5, 3, 5, 1, 5, 5, 2, 5, 4]
+    on_gpu = merge(payloads, weights, spec, torch.device("cuda"))["table"]
+    np.testing.assert_allclose(on_gpu, merge(payloads, weights, spec, torch.device("cpu"))["table"], rtol=1e-5, atol=1e-6)

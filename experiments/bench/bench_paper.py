@@ -26,7 +26,9 @@ from them (round 1, then 2,399 mean rounds), and the peak GPU memory in use
     python -m experiments.bench.bench_paper --rounds 2400 --batching 100 --no-loop --keep runs/paper
     python -m experiments.bench.bench_paper --small      # a CPU-sized check of the same pipeline
 
-``--no-loop`` runs Flower's side alone, ``--no-flower`` the loop alone; ``--keep DIR`` keeps the runs' folders
+``--no-loop`` runs Flower's side alone, ``--no-flower`` the loop alone; ``--no-merge`` sends every client's
+upload in its own reply record (``merge-uploads = false``); ``--clients N`` registers N clients sharing the same
+50,000 images; ``--strategy local_topk`` runs local top-k with each client's error in a file; ``--keep DIR`` keeps the runs' folders
 (``rounds.jsonl`` stamps each round's end, so a run cut short still says how
 far it got and how fast).
 
@@ -77,10 +79,15 @@ PAPER = {
     "error-feedback": "zero-buckets",
     "download": "sparse",
     "device": "auto",
+    "merge-uploads": True,
 }
 """Issue 17's run: the paper's CIFAR-10 shape with a 5 x 500,000 sketch and k = 50,000."""
 SMALL = {"num-clients": 200, "clients-per-round": 10, "eval-every": 2, "sketch-cols": 5000, "k": 500}
 """``--small``: the same pipeline at a size a 2-core CPU runs in seconds a round."""
+LOCAL_TOPK = {"strategy": "local_topk", "local-topk-error": "client", "client-state": "disk", "max-client-state-mb": 2**20}
+"""``--strategy local_topk``: local top-k at FetchSGD's k, each client's error kept in a file of its own."""
+POOL = 50_000
+"""Training images, whatever ``--clients`` is: CIFAR-10's, so memory compares client counts, not data sizes."""
 PAPER_ROUNDS = 2400
 CLASSES, SHAPE = 10, (3, 32, 32)
 
@@ -116,12 +123,16 @@ def write_standin(folder: Path, num_clients: int, samples_per_client: int) -> Pa
     return path
 
 
-def paper_config(data: Path, rounds: int, batching: int, out_dir: Path, small: bool = False) -> RunConfig:
-    """The run for one ``client-batching`` value."""
-    settings = {**PAPER, **(SMALL if small else {})}
+def paper_config(
+    data: Path, rounds: int, batching: int, out_dir: Path, small: bool = False, **settings: object
+) -> RunConfig:
+    """The run for one ``client-batching`` value; ``settings`` (kebab-case, as ``key_name=...``) on top."""
+    extra = {k.replace("_", "-"): v for k, v in settings.items()}
     return RunConfig.from_mapping(
         {
-            **settings,
+            **PAPER,
+            **(SMALL if small else {}),
+            **extra,
             "experiment": f"paper-b{batching}",
             "data-root": str(data),
             "num-rounds": rounds,
@@ -167,7 +178,7 @@ def row(name: str, result: dict[str, float], clients: int, loop_round_s: float |
     versus = f"{mean / loop_round_s:.2f}" if loop_round_s else ""
     return (
         f"| {name} | {mean:.3f} | {_rate(clients / mean)} | {versus} | {result['first_round_s']:.1f} s | "
-        f"{result['whole_s']:.0f} s | {projected / 60:.1f} min | {gpu} |"
+        f"{result['whole_s']:.0f} s | {projected / 60:.1f} min | {gpu} | {result['peak_mb']:,.0f} MB |"
     )
 
 
@@ -188,7 +199,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-loop", action="store_true", help="run Flower's side alone")
     parser.add_argument("--no-flower", action="store_true", help="run the plain loop alone")
     parser.add_argument("--keep", type=Path, help="keep the runs' folders here (default: a temporary folder)")
+    parser.add_argument("--clients", type=int, help=f"registered clients, sharing {POOL:,} images (default 10,000)")
+    parser.add_argument("--strategy", choices=("fetchsgd", "local_topk"), default="fetchsgd")
+    parser.add_argument("--no-merge", action="store_true", help="every client's upload in its own reply record")
     args = parser.parse_args(argv)
+    extra: dict[str, object] = {**(LOCAL_TOPK if args.strategy == "local_topk" else {})}
+    if args.clients:
+        extra.update({"num-clients": args.clients, "samples-per-client": POOL // args.clients})
+    if args.no_merge:
+        extra["merge-uploads"] = False
+    extra = {k.replace("-", "_"): v for k, v in extra.items()}
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is timed apart from the rest)")
     threads = len(os.sched_getaffinity(0))
@@ -196,10 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-paper-")))
         folder.mkdir(parents=True, exist_ok=True)
-        base = paper_config(folder / "none.npz", args.rounds, 0, folder, args.small)
+        base = paper_config(folder / "none.npz", args.rounds, 0, folder, args.small, **extra)
         data = write_standin(folder, base.num_clients, base.samples_per_client)
         for batching in args.batching:
-            cfg = paper_config(data, args.rounds, batching, folder / f"b{batching}", args.small)
+            cfg = paper_config(data, args.rounds, batching, folder / f"b{batching}", args.small, **extra)
             n, loop_s = cfg.clients_per_round, None
             if not args.no_loop:
                 with GpuMemory() as loop_gpu:
@@ -215,17 +235,18 @@ def main(argv: list[str] | None = None) -> None:
             print(f"client-batching {batching}: flower {flower}", file=sys.stderr, flush=True)
             lines.append(row(f"Flower, client-batching {batching}", flower, n, loop_s, flower_gpu.peak_mb))
     gpu = _gpu_name()
+    merged = "merged uploads" if base.merge_uploads else "one reply record per client"
     print(
-        f"FetchSGD, {base.num_clients:,} clients of {base.samples_per_client} generated 32x32x3 images of one "
+        f"{base.strategy}, {base.num_clients:,} clients of {base.samples_per_client} generated 32x32x3 images of one "
         f"class, {base.clients_per_round} a round, ResNet-9 (group norm), {base.sketch_rows} x {base.sketch_cols:,} "
         f"sketch, k = {base.k:,}, evaluated every {base.eval_every} rounds; {args.rounds} rounds, "
-        f"{args.supernodes} simulated nodes; {gpu or f'CPU, {threads} cores'}"
+        f"{args.supernodes} simulated nodes, {merged}; {gpu or f'CPU, {threads} cores'}"
     )
     print(
         f"| run | seconds a round (mean) | clients/s | vs the loop | round 1 done after | whole run "
-        f"| {PAPER_ROUNDS:,} rounds (projected) | GPU memory (peak) |"
+        f"| {PAPER_ROUNDS:,} rounds (projected) | GPU memory (peak) | host memory (peak) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(lines))
 
 

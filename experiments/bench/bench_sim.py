@@ -80,6 +80,7 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
     from fedsketch.methods import ClientJob, ClientUpdate, Round, get_method
     from fedsketch.schedule import lr_at
     from fedsketch.task import load_data, make_model
+    from fedsketch.uploads import merge, mergeable
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -99,6 +100,11 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
         for o in outcomes:
             assert o.payload is not None, o.error  # the benchmark's clients do not fail
             updates.append(ClientUpdate(o.cid, o.payload, o.num_examples, o.loss, 0))
+        if mergeable(cfg):  # as a node does with merge-uploads: one mean of the cohort's uploads
+            spec = method.wire.layout(cfg, w.numel(), rnd)
+            examples = [u.num_examples for u in updates]
+            mean = merge([u.payload for u in updates], examples, spec, w.device)  # type: ignore[arg-type]
+            updates = [ClientUpdate(cids[0], mean, sum(examples), 0.0, 0)]
         lr = lr_at(cfg.lr_schedule, cfg.lr, rnd, cfg.num_rounds)
         state, delta = method.server.step(state, Round(rnd, lr, updates, w.numel(), w.device), cfg)
         w = w - delta
