@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from fedsketch.data import DataSpec, load_federated
+datasets = pytest.importorskip("datasets", reason="FEMNIST is read through Hugging Face's datasets")
+
+from fedsketch.data import DataSpec, load_federated  # noqa: E402
 
 WRITERS = ["f0003_10", "f0001_41", "f0007_22", "f0002_05", "f0005_33"]
 PER_WRITER = 20
