@@ -3,12 +3,12 @@
 A message names the logical clients to run (a cohort, in simulation); an empty
 list means "you are one client": the node's ``partition-id`` (deployment).
 What a client computes and uploads is its method's (:mod:`fedsketch.methods`),
-run by :mod:`fedsketch.cohort`; this module is Flower plumbing. Methods whose
+run by :mod:`fedsketch.client.cohort`; this module is Flower plumbing. Methods whose
 clients keep state (error feedback, Sketched-SGD's momentum) keep it per
 logical client in this node's ``Context.state`` (the server sends a client to
 the same node every round), or with ``client-state = "disk"`` in one file per
 client; a new state stays pending until the server says it applied the upload
-that led to it (:mod:`fedsketch.client_state`). A phase-2 message is a second exchange
+that led to it (:mod:`fedsketch.client.state`). A phase-2 message is a second exchange
 (Sketched-SGD's query): no training, each client answers from its kept state.
 """
 
@@ -20,15 +20,17 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients import kept_model, messages
+from bridge import messages
+from clients import kept_model
 from clients.merged import merged_reply
 from clients.secure import is_secure, secure_aggregation_mod, secure_train
-from fedsketch import client_state, wire
-from fedsketch.client_state import DiskStates, state_root
-from fedsketch.cohort import ClientOutcome, answer_queries, run_cohort
+from fedsketch import wire
+from fedsketch.client import state as client_state
+from fedsketch.client.cohort import ClientOutcome, answer_queries, run_cohort
+from fedsketch.client.state import DiskStates, state_root
+from fedsketch.client.uploads import mergeable
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, State, received_round_config
-from fedsketch.uploads import mergeable
 
 app = ClientApp(mods=[secure_aggregation_mod])
 

@@ -3,7 +3,7 @@
 With one client per node (deployment) and sparse downloads, a device keeps the
 model it last received in its node's ``Context.state``; the server then sends
 it the new values of every coordinate changed since the round it last synced
-(:func:`fedsketch.download.catch_up`) instead of the whole model, and bills it
+(:func:`fedsketch.server.download.catch_up`) instead of the whole model, and bills it
 exactly that message. The device echoes the CRC-32 of the model it trained on
 and the server rejects a mismatch, so a catch-up that went wrong costs one
 round of that client, never a wrong update. With ``download-from-init`` a
@@ -22,11 +22,12 @@ from functools import lru_cache
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
-from clients.messages import Request, typed_record
+from bridge.messages import Request, typed_record
 from fedsketch.config import RunConfig
-from fedsketch.download import INITIAL, apply_catch_up
-from fedsketch.flat import get_flat
-from fedsketch.task import load_data, make_model
+from fedsketch.data.run import load_data
+from fedsketch.model.flat import get_flat
+from fedsketch.server.download import INITIAL, apply_catch_up
+from fedsketch.task import make_model
 
 KEPT = "kept-model"
 

@@ -1,11 +1,11 @@
 """A node's merged reply: its cohort's linear uploads as one mean, each client still judged and billed alone.
 
-With ``merge-uploads`` (:func:`fedsketch.uploads.mergeable`) a simulated node does not copy each
+With ``merge-uploads`` (:func:`fedsketch.client.uploads.mergeable`) a simulated node does not copy each
 client's upload into its reply. It judges each upload with the server's own checks, clips it as the
 server would (``clip-norm``), and replies with
 
 - ``metrics.<cid>``: the client's metrics, as unmerged, plus ``upload-bytes``: the serialized size of
-  the upload record it would have sent (:func:`clients.messages.payload_bytes`), which the server bills;
+  the upload record it would have sent (:func:`bridge.messages.payload_bytes`), which the server bills;
 - ``failure.<cid>`` for a client whose own code failed, ``rejected.<cid>`` for one whose upload the
   checks refused, with the bytes its upload and metrics records would have cost (the server counts it
   as rejected and bills it, as it would have);
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from flwr.app import MetricRecord, RecordDict
 
-from clients import messages
+from bridge import messages
 from fedsketch import wire
-from fedsketch.cohort import ClientOutcome
+from fedsketch.client.cohort import ClientOutcome
+from fedsketch.client.uploads import check_upload, clip_payload, merge
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
-from fedsketch.privacy import clip_factor
+from fedsketch.server.privacy import clip_factor
 from fedsketch.task import resolve_device
-from fedsketch.uploads import check_upload, clip_payload, merge
 
 
 def merged_reply(

@@ -21,13 +21,13 @@ from flwr.common import Code, FitRes, Scalar, Status, ndarrays_to_parameters, pa
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from clients.messages import records_of, typed_record
+from bridge.messages import records_of, typed_record
 from fedsketch import wire
-from fedsketch.aggregate import weighted_mean
-from fedsketch.cohort import ClientOutcome, run_cohort
+from fedsketch.algorithms.aggregate import weighted_mean
+from fedsketch.client.cohort import ClientOutcome, run_cohort
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, ClientUpdate, get_method, received_round_config
-from fedsketch.privacy import clip_factor
+from fedsketch.server.privacy import clip_factor
 
 FITINS_CONFIG, FITINS_PARAMETERS = "fitins.config", "fitins.parameters"
 

@@ -37,7 +37,7 @@ import numpy as np
 from experiments.flower.federation import Federation
 from experiments.running import runner
 from experiments.running.runner import Experiment
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 INPUTS = "_inputs"
 """The folder under the results folder that holds data objects and pickled builders handed to :func:`run`."""
@@ -210,6 +210,6 @@ def _store(content: bytes, out: Path, suffix: str, what: str) -> Path:
 
 
 def _rows(cfg: Any) -> list[dict[str, Any]]:
-    from fedsketch import runlog
+    from fedsketch.server import runlog
 
     return runlog.read_metrics(runlog.run_dir(cfg))

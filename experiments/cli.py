@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.running.command_plan import APP_DIR, RUN_PLAN
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
-    from fedsketch.runlog import RunSpec
+    from fedsketch.server.runlog import RunSpec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -231,7 +231,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from experiments.running.command_plan import conclude
     from experiments.running.preflight import check_runs
     from experiments.running.progress import RunWatcher, make_progress
-    from fedsketch import runlog
+    from fedsketch.server import runlog
 
     try:
         if args.kit is not None:

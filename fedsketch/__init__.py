@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fedsketch.config import ConfigError, RunConfig
-    from fedsketch.sketch import CountSketch
+    from fedsketch.sketch.count_sketch import CountSketch
 
 __all__ = ["ConfigError", "CountSketch", "RunConfig"]
 __version__ = "0.1.0"
-_HOMES = {"ConfigError": "fedsketch.setting", "RunConfig": "fedsketch.config", "CountSketch": "fedsketch.sketch"}
+_HOMES = {"ConfigError": "fedsketch.settings.setting", "RunConfig": "fedsketch.config", "CountSketch": "fedsketch.sketch.count_sketch"}
 
 
 def __getattr__(name: str) -> Any:
-    """The package's names, imported when first asked for: ``fedsketch.runlog`` and the CLI's
+    """The package's names, imported when first asked for: ``fedsketch.server.runlog`` and the CLI's
     watching half need no torch (docs/simulation.md, "Memory")."""
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)

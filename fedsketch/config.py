@@ -1,7 +1,7 @@
 """One flat, typed run configuration, parsed once at the edge.
 
 Every setting a run needs is a field of :class:`RunConfig` or a
-:class:`~fedsketch.setting.Setting` that a method declares in its own module
+:class:`~fedsketch.settings.setting.Setting` that a method declares in its own module
 (QSGD's levels, Sketched-SGD's candidate factor). Outside Python the keys are
 kebab-case (``sketch-cols``), exactly as in ``[tool.flwr.app.config]`` of
 ``pyproject.toml`` and in experiment files. Parsing rejects unknown keys, wrong
@@ -22,7 +22,7 @@ from typing import Any, get_type_hints
 
 from fedsketch import validate
 from fedsketch.methods import METHODS
-from fedsketch.setting import ConfigError, Setting, coerce, parse_extras
+from fedsketch.settings.setting import ConfigError, Setting, coerce, parse_extras
 
 DECLARED: dict[str, Setting[Any]] = {s.key: s for m in METHODS for s in m.settings}
 """The settings methods declare in their own modules, by key."""
@@ -30,8 +30,8 @@ DECLARED: dict[str, Setting[Any]] = {s.key: s for m in METHODS for s in m.settin
 __all__ = ["DECLARED", "ConfigError", "RunConfig", "check_against_model"]
 
 
-TABLE: dict[str, dict[str, Any]] = tomllib.loads(Path(__file__).with_name("settings.toml").read_text("utf-8"))
-"""Every field's default and meaning, by key (fedsketch/settings.toml)."""
+TABLE: dict[str, dict[str, Any]] = tomllib.loads((Path(__file__).parent / "settings" / "settings.toml").read_text("utf-8"))
+"""Every field's default and meaning, by key (fedsketch/settings/settings.toml)."""
 
 
 def _s(key: str) -> Any:

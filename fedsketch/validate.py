@@ -16,15 +16,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsketch import entry
 from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.data.spec import PARTITIONS
-from fedsketch.download import MODES as DOWNLOAD_MODES
 from fedsketch.methods import METHODS, NAMES, Method, get_method
-from fedsketch.models import MODELS, NORMS
-from fedsketch.schedule import SCHEDULES
-from fedsketch.setting import ConfigError
+from fedsketch.model.models import MODELS, NORMS
+from fedsketch.server.download import MODES as DOWNLOAD_MODES
+from fedsketch.server.schedule import SCHEDULES
+from fedsketch.settings import entry
+from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -96,7 +96,7 @@ def _key(name: str) -> str:
 
 
 REFERABLE = ("model", "dataset")
-"""The settings that may name the user's own code instead of a built-in (:mod:`fedsketch.entry`)."""
+"""The settings that may name the user's own code instead of a built-in (:mod:`fedsketch.settings.entry`)."""
 
 
 def _choices(cfg: RunConfig) -> None:
@@ -297,7 +297,7 @@ def client_state_bytes(cfg: RunConfig, d: int) -> int:
     """Worst-case bytes of client state over the whole run: every client has taken part.
 
     A client keeps its committed state and, until it learns whether its last upload was applied,
-    the pending one (:mod:`fedsketch.client_state`): twice the method's vectors.
+    the pending one (:mod:`fedsketch.client.state`): twice the method's vectors.
     """
     return 2 * 4 * d * cfg.num_clients * get_method(cfg.strategy).client.state_vectors(cfg)
 

@@ -7,7 +7,7 @@ logical client still gets its own reply entries, bytes and failure:
 
 request  ``model``            ArrayRecord  {"w": float32[d]}, or instead ``catch-up``
                                            (a sparse payload, ``download = "sparse"`` with
-                                           one client per node: see fedsketch/download.py)
+                                           one client per node: see fedsketch/server/download.py)
          ``config``           ConfigRecord {"server-round", "cids", ...}
          ``request.<cid>``    ArrayRecord  arrays for one client only (optional,
                                            e.g. Sketched-SGD's pending support)
@@ -24,7 +24,7 @@ reply    ``update.<cid>``     ArrayRecord  the client's payload (method-specific
          ``merged-metrics``   MetricRecord {"num-examples", "clipped"} of that mean; each
                                            ``metrics.<cid>`` then adds "upload-bytes", and a
                                            ``rejected.<cid>`` ConfigRecord {"reason"} stands for
-                                           an upload the node's checks refused (fedsketch/uploads.py)
+                                           an upload the node's checks refused (fedsketch/client/uploads.py)
          ``diagnostic.<cid>`` ArrayRecord  {"update": float32[d]}, only with
                                            ``diagnose-sketch`` (simulation): the dense
                                            update the payload encodes; not
@@ -37,7 +37,7 @@ rounds (error feedback) keeps it in its node's ``Context.state`` under
 ``state.<cid>``, an ArrayRecord of float32 vectors.
 
 A payload is a ``dict[str, numpy.ndarray]`` of plain arrays. Nothing here knows
-Flower: :mod:`clients.messages` turns these names into records for both sides.
+Flower: :mod:`bridge.messages` turns these names into records for both sides.
 A config's values are read with :func:`config_int`, :func:`config_ints` and
 :func:`config_float`, which check the value's type and name the key of a wrong one.
 """

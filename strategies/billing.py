@@ -1,16 +1,16 @@
 """What each logical client is charged for what it receives.
 
-Every byte is a serialized record's (:func:`clients.messages.wire_bytes`). In
+Every byte is a serialized record's (:func:`bridge.messages.wire_bytes`). In
 simulation a Flower node carries a cohort of logical clients in one message;
 each client is charged what a message to it alone would carry: the model (or,
 with ``download = "sparse"``, the smaller of the model and its catch-up payload,
-:mod:`fedsketch.download`, from the initial model for a new client with
+:mod:`fedsketch.server.download`, from the initial model for a new client with
 ``download-from-init``), the round's config with its own id, and any arrays
 sent to it alone. With one client per node (deployment) every message is one
 client's, and it is charged the message itself: a device that kept its model
 is sent, and charged, only its catch-up. A second exchange (Sketched-SGD's
 query, PowerSGD's P) is charged the same way. Each function returns what it
-charged (:data:`fedsketch.books.Counts`); the round adds it to the books.
+charged (:data:`fedsketch.server.books.Counts`); the round adds it to the books.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
-from clients import messages
-from fedsketch import download, wire
-from fedsketch.books import Books, Counts
+from bridge import messages
+from fedsketch import wire
 from fedsketch.compress import sparse
 from fedsketch.compress.bits import packed_size
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Payload
+from fedsketch.server import download
+from fedsketch.server.books import Books, Counts
 from strategies.plan import RoundPlan
 
 

@@ -10,7 +10,7 @@ ones, and for FetchSGD the Count Sketch's own estimate of the norm of the
 vector it sketches (the median of its rows' norms), since the server never
 sees that vector.
 
-Differential privacy (``dp-noise-multiplier`` sigma, :mod:`fedsketch.privacy`)
+Differential privacy (``dp-noise-multiplier`` sigma, :mod:`fedsketch.server.privacy`)
 needs the sensitivity of what is released, the *sum* of uploads, bounded
 exactly rather than estimated: each upload's arrays are clipped to Frobenius
 norm ``C * s`` (``s = sqrt(rows)`` for a sketch, whose every row has the
@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
+from fedsketch.client.uploads import clip_payload
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Method
 from fedsketch.methods.method import payload_norm
-from fedsketch.privacy import clip_factor
-from fedsketch.uploads import clip_payload
+from fedsketch.server.privacy import clip_factor
 
 
 def noise_generator() -> torch.Generator:

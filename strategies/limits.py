@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from fedsketch.client.uploads import MAX_ABS
 from fedsketch.methods.method import Layout
-from fedsketch.uploads import MAX_ABS
 
 NUMERIC_KINDS = "biuf"  # bool, signed and unsigned ints, floats: what payloads are made of
 MAX_HEADER = 4096  # an honest .npy header of a plain array is 128 bytes
@@ -62,7 +62,7 @@ class ReplyLimits:
     echo: dict[str, int | float | str] = field(default_factory=dict)
     num_clients: int | None = None
     max_abs: float = MAX_ABS
-    merged: bool = False  # a node may merge its clients' uploads (``merge-uploads``, fedsketch/uploads.py)
+    merged: bool = False  # a node may merge its clients' uploads (``merge-uploads``, fedsketch/client/uploads.py)
 
 
 def spec_bytes(shapes: list[tuple[tuple[int, ...], np.dtype]]) -> int:

@@ -22,8 +22,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsketch import wire
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
+from fedsketch.server.books import Books
 
 
 @dataclass(frozen=True)

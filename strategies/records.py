@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedsketch.books import Counts
+from fedsketch.server.books import Counts
 from strategies.replies import RoundReplies
 
 FAILURE_KINDS = (

@@ -27,13 +27,12 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from clients.messages import Records, records_of, wire_bytes
+from bridge.messages import Records, records_of, wire_bytes
 from fedsketch import wire
+from fedsketch.client.uploads import check_layout, check_values
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
-from fedsketch.uploads import check_layout, check_values
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
-
 
 
 @dataclass

@@ -4,7 +4,7 @@ A checkpoint holds exactly the strategy's value
 (:class:`strategies.values.ServerValues`: the weights, the method's state, the
 books and the DP noise's generator state), with the global generators and how
 far the logs had got. The file format and its checks live in
-:mod:`fedsketch.checkpoint`. The strategy hands its value over and takes back a
+:mod:`fedsketch.server.checkpoint`. The strategy hands its value over and takes back a
 :class:`Resumed`; this module never sees the strategy. Resuming is all or nothing: every piece is read and
 checked before the first one is assigned. Methods whose clients keep state
 cannot checkpoint (the config check refuses them).
@@ -19,9 +19,9 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from fedsketch import checkpoint, runlog
-from fedsketch.checkpoint import Checkpoint, CheckpointError
 from fedsketch.config import RunConfig
+from fedsketch.server import checkpoint, runlog
+from fedsketch.server.checkpoint import Checkpoint, CheckpointError
 from strategies.values import ServerValues
 
 

@@ -50,11 +50,11 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from clients.messages import wire_bytes
+from bridge.messages import wire_bytes
 from fedsketch import wire
-from fedsketch.books import Counts
 from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import Layout
+from fedsketch.server.books import Counts
 from strategies import waiting
 from strategies.plan import RoundPlan
 from strategies.replies import RoundReplies

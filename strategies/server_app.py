@@ -11,11 +11,12 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from clients.runtime import object_pulls
-from fedsketch import runlog
-from fedsketch.client_state import clear_states
+from fedsketch.client.state import clear_states
 from fedsketch.config import RunConfig, check_against_model
-from fedsketch.flat import num_params
-from fedsketch.task import load_data, make_model
+from fedsketch.data.run import load_data
+from fedsketch.model.flat import num_params
+from fedsketch.server import runlog
+from fedsketch.task import make_model
 from strategies.limits import quiet_read_only_views
 from strategies.strategy import FedSketchStrategy
 

@@ -7,7 +7,7 @@ sample logical clients (:mod:`strategies.plan`), send the model and count each c
 result is not finite, evaluate on the server and append ``metrics.jsonl``. Secure aggregation
 (:mod:`strategies.secure`) replaces the exchange and hands back the sum, which
 :meth:`FedSketchStrategy.finish_round` applies. Weights, the method's state, the books
-(:class:`fedsketch.books.Books`), noise and round are one frozen value
+(:class:`fedsketch.server.books.Books`), noise and round are one frozen value
 (:class:`strategies.values.ServerValues`) that each step replaces, never changes, and that
 checkpoints (:mod:`strategies.resume`) save and restore whole; the steps return what they count.
 Neither module imports this one.
@@ -30,16 +30,17 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
-from clients import messages
-from fedsketch import download, runlog, schedule, wire
-from fedsketch.books import Books
+from bridge import messages
+from fedsketch import wire
+from fedsketch.client.uploads import mergeable
 from fedsketch.config import RunConfig
-from fedsketch.evaluate import evaluate
-from fedsketch.flat import get_flat, set_flat
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
-from fedsketch.privacy import privacy_metrics
-from fedsketch.uploads import mergeable
+from fedsketch.model.flat import get_flat, set_flat
+from fedsketch.server import download, runlog, schedule
+from fedsketch.server.books import Books
+from fedsketch.server.evaluate import evaluate
+from fedsketch.server.privacy import privacy_metrics
 from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
@@ -272,7 +273,7 @@ class FedSketchStrategy(Strategy):
         return screened.updates
 
     def lr_at(self, server_round: int) -> float:
-        """This round's server learning rate (see :mod:`fedsketch.schedule`)."""
+        """This round's server learning rate (see :mod:`fedsketch.server.schedule`)."""
         return schedule.lr_at(self.cfg.lr_schedule, self.cfg.lr, server_round, self.cfg.num_rounds)
 
     def reply_limits(self, layout: Layout, echo: dict[str, Any], merged: bool = False) -> ReplyLimits:

@@ -3,7 +3,7 @@
 What a run's server holds besides its configuration (Rothchild et al., ICML
 2020, keep FetchSGD's momentum and error on the server; here they are the
 method's state): the model's flat weights, the method's state, the books
-(:class:`fedsketch.books.Books`: bytes, failures, the download ledger), the DP
+(:class:`fedsketch.server.books.Books`: bytes, failures, the download ledger), the DP
 noise generator's state and the last round finished. A round replaces the
 value; a checkpoint saves it whole and resuming gives one back
 (:mod:`strategies.resume`). The books are a value too: a round's steps return
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from fedsketch.books import Books, Counts
 from fedsketch.methods.method import ServerState
+from fedsketch.server.books import Books, Counts
 
 
 @dataclass(frozen=True)

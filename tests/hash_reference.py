@@ -1,4 +1,4 @@
-"""An independent reference for the Count Sketch's hash family and estimates (fedsketch/_hashing.py).
+"""An independent reference for the Count Sketch's hash family and estimates (fedsketch/sketch/hashing.py).
 
 Written from the module's docstrings in Python integers (SplitMix64, the shared permutation and sign
 table of one chunk, the per-row cubic polynomials mod ``2**31 - 1``) and in numpy int64 / float64 for

@@ -1,4 +1,4 @@
-"""The one weighted mean (fedsketch/aggregate.py): its value, its dtype and every input it refuses."""
+"""The one weighted mean (fedsketch/algorithms/aggregate.py): its value, its dtype and every input it refuses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch.aggregate import weighted_mean
+from fedsketch.algorithms.aggregate import weighted_mean
 
 
 def test_the_mean_weighs_each_array_by_its_share_zero_weights_included() -> None:

@@ -1,6 +1,6 @@
 """A payload's arrays are encoded with one copy and checked without temporaries, and say the same as Flower's.
 
-``clients.messages.npy_array`` must give the very bytes ``flwr.app.Array(ndarray)``
+``bridge.messages.npy_array`` must give the very bytes ``flwr.app.Array(ndarray)``
 gives (``np.save``'s), or a reply would count and decode differently;
 ``strategies.replies.check_values`` must reject exactly what
 ``np.isfinite(a).all()`` and ``abs(a).max() <= max_abs`` reject.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import Array
 
-from clients.messages import npy_array
+from bridge.messages import npy_array
 from strategies.replies import check_values
 
 ARRAYS = {

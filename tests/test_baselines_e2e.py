@@ -11,13 +11,14 @@ import pytest
 import torch
 from method_helpers import encode, second_exchange_upload
 
-from clients.messages import client_metrics, model_record, payload_to_record, wire_bytes
+from bridge.messages import client_metrics, model_record, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from fedsketch.config import RunConfig
-from fedsketch.flat import num_params
+from fedsketch.data.run import load_data
 from fedsketch.methods import NAMES as STRATEGIES
 from fedsketch.methods import get_method
-from fedsketch.task import load_data, make_model
+from fedsketch.model.flat import num_params
+from fedsketch.task import make_model
 from strategies.plan import sample_clients
 
 pytestmark = pytest.mark.slow

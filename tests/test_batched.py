@@ -11,13 +11,14 @@ import torch
 from torch.nn import functional as F
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch.batched import ClientBatch, functional_copy, per_client_gradients
-from fedsketch.cohort import run_cohort
+from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.flat import get_flat, get_flat_grad
+from fedsketch.data.run import load_data
 from fedsketch.methods import ClientJob
-from fedsketch.models import build_model
-from fedsketch.task import load_data, make_model
+from fedsketch.model.flat import get_flat, get_flat_grad
+from fedsketch.model.models import build_model
+from fedsketch.task import make_model
+from fedsketch.training.batched import ClientBatch, functional_copy, per_client_gradients
 from strategies.server_app import build_strategy
 
 SETTINGS = {

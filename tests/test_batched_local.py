@@ -1,8 +1,8 @@
 """Local training vectorized across clients equals each client's own local SGD (FedAvg's local steps).
 
-The reference is :func:`fedsketch.local.local_update`, one client at a time,
+The reference is :func:`fedsketch.training.local.local_update`, one client at a time,
 each client with its own generator; the vectorized path is
-:func:`fedsketch.batched.per_client_local_training`, fed fresh generators of the
+:func:`fedsketch.training.batched.per_client_local_training`, fed fresh generators of the
 same seeds. In float64 the two agree to rounding, so the tolerance is tight:
 any change of batch, order, step, learning rate or momentum shows. Local
 momentum (``client-momentum``) keeps one buffer a client, stacked along the
@@ -21,15 +21,16 @@ import pytest
 import torch
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch.batched import LocalClient, functional_copy, per_client_local_training
-from fedsketch.cohort import run_cohort
+from fedsketch.client.cohort import run_cohort
 from fedsketch.compress.common import payload_nbytes
 from fedsketch.config import RunConfig
-from fedsketch.flat import get_flat
-from fedsketch.local import LocalSpec, local_update
+from fedsketch.data.run import load_data
 from fedsketch.methods import ClientJob
-from fedsketch.models import build_model
-from fedsketch.task import load_data, make_model
+from fedsketch.model.flat import get_flat
+from fedsketch.model.models import build_model
+from fedsketch.task import make_model
+from fedsketch.training.batched import LocalClient, functional_copy, per_client_local_training
+from fedsketch.training.local import LocalSpec, local_update
 from strategies.server_app import build_strategy
 
 SIZES = [12, 12, 5, 8, 3, 12, 20, 5, 1]

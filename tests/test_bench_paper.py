@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.bench import bench_paper
-from fedsketch.task import load_data
+from fedsketch.data.run import load_data
 
 
 def test_the_standin_has_cifars_shape_and_every_client_gets_five_images_of_one_class(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients import messages
-from fedsketch import download
+from bridge import messages
+from fedsketch.server import download
 from strategies import billing
 
 

@@ -6,7 +6,7 @@ it alone would carry: the model or, with sparse downloads, its catch-up when sma
 the round's config naming one client; its own arrays are charged to it. A device is charged the message it is sent,
 which is its catch-up when that message is smaller (a tie sends the model). A second exchange charges each asked
 client its query and config. The catch-up sizes are worked out without building the parts whose content cannot
-change them: a spy on :mod:`fedsketch.download` (calling through) sees which payloads were built.
+change them: a spy on :mod:`fedsketch.server.download` (calling through) sees which payloads were built.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from clients import messages
+from bridge import messages
 from experiments.running.inprocess_grid import task_identity
-from fedsketch import download, wire
-from fedsketch.books import Books, Counts
+from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate
+from fedsketch.server import download
+from fedsketch.server.books import Books, Counts
 from strategies import billing
 from strategies.plan import RoundPlan
 

@@ -13,9 +13,9 @@ import torch
 from flwr.app import Message
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import checkpoint
-from fedsketch.checkpoint import CheckpointError
 from fedsketch.config import ConfigError, RunConfig
+from fedsketch.server import checkpoint
+from fedsketch.server.checkpoint import CheckpointError
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 

@@ -18,7 +18,7 @@ from experiments.cli import main
 from experiments.flower.app_files import check_app_config
 from experiments.running.command_plan import APP_DIR
 from fedsketch.config import RunConfig
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsketch.cohort import run_cohort
+from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.flat import get_flat, set_flat
-from fedsketch.local import LocalSpec, local_update, sample_batch
+from fedsketch.data.run import load_data
 from fedsketch.methods import ClientJob
-from fedsketch.models import build_model
-from fedsketch.task import load_data, local_spec, make_model
+from fedsketch.model.flat import get_flat, set_flat
+from fedsketch.model.models import build_model
+from fedsketch.task import local_spec, make_model
+from fedsketch.training.local import LocalSpec, local_update, sample_batch
 
 EXACT = {"rtol": 1e-12, "atol": 1e-14}
 

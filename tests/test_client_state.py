@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch.client_state import DiskStates, clear_states, state_root
+from fedsketch.client.state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from experiments.cli import main as fedsketch_main
-from fedsketch.client_state import DiskStates, State, committed, pending_round
+from fedsketch.client.state import DiskStates, State, committed, pending_round
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""What a client keeps (``fedsketch/client_state.py``): committed and pending state, and its file on disk.
+"""What a client keeps (``fedsketch/client/state.py``): committed and pending state, and its file on disk.
 
 A client's stored state is its committed arrays, its pending arrays (the state
 its last upload leads to) and that upload's round. Settling commits the
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch import client_state
-from fedsketch.client_state import DiskStates
+from fedsketch.client import state as client_state
+from fedsketch.client.state import DiskStates
 from fedsketch.config import RunConfig
-from fedsketch.runlog import run_dir
+from fedsketch.server.runlog import run_dir
 
 
 def same(a: client_state.State, b: client_state.State) -> bool:

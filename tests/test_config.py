@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsketch.config import ConfigError, RunConfig, check_against_model
-from fedsketch.setting import Setting
+from fedsketch.settings.setting import Setting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ def test_k_larger_than_model_is_refused_before_training() -> None:
 
 
 def test_the_settings_table_and_the_fields_agree_in_keys_and_types() -> None:
-    """fedsketch/settings.toml holds each field's default: one entry a field, of the field's type."""
+    """fedsketch/settings/settings.toml holds each field's default: one entry a field, of the field's type."""
     from dataclasses import fields
     from typing import get_type_hints
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from clients.messages import model_record, read_request
+from bridge.messages import model_record, read_request
 from clients.runtime.simulation_backend import InProcessBackend
 from fedsketch import wire
 from fedsketch.wire import config_float, config_int, config_ints

@@ -9,7 +9,9 @@ import pytest
 from experiments.running.preflight import model_size
 from experiments.running.runner import load_experiment
 from fedsketch.config import ConfigError, check_against_model
-from fedsketch.task import fixed_input, load_data, make_model
+from fedsketch.data.run import load_data
+from fedsketch.model.build import fixed_input
+from fedsketch.task import make_model
 
 CONFIGS = sorted((Path(__file__).parents[1] / "experiments" / "configs").glob("*.toml"))
 

@@ -26,10 +26,10 @@ from fedsketch.data import (
     load_idx_images,
     load_idx_labels,
 )
-from fedsketch.flat import get_flat, set_flat
-from fedsketch.local import LocalSpec, client_generator, local_update
-from fedsketch.models import build_model
-from fedsketch.sketch import CountSketch
+from fedsketch.model.flat import get_flat, set_flat
+from fedsketch.model.models import build_model
+from fedsketch.sketch.count_sketch import CountSketch
+from fedsketch.training.local import LocalSpec, client_generator, local_update
 
 
 def _mnist_dir() -> Path:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data import text
-from fedsketch.models import BAG_DIM, build_model
+from fedsketch.model.models import BAG_DIM, build_model
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.messages import client_metrics, payload_to_record, wire_bytes
+from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.deployment.deploy import Deployment, LocalFederation, node_settings
 from experiments.deployment.pki import make_node_keys

@@ -12,11 +12,12 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
-from clients.messages import payload_to_record, wire_bytes
+from bridge.messages import payload_to_record, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import download, wire
+from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.server import download
 from strategies.server_app import build_strategy
 
 SETTINGS = {

@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.messages import model_record, wire_bytes
+from bridge.messages import model_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from fedsketch.config import RunConfig
-from fedsketch.flat import num_params
-from fedsketch.task import load_data, make_model
+from fedsketch.data.run import load_data
+from fedsketch.model.flat import num_params
+from fedsketch.task import make_model
 
 pytestmark = pytest.mark.slow
 

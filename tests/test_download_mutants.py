@@ -1,6 +1,6 @@
 """The download ledger's edges: its input checks and messages, and float32 on the wire whatever the model's dtype.
 
-Each test pins a behaviour of :mod:`fedsketch.download` that the end-to-end download tests pass
+Each test pins a behaviour of :mod:`fedsketch.server.download` that the end-to-end download tests pass
 through without checking (docs/mutation.md, third module).
 """
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch import download
 from fedsketch.compress.sparse import decode_sparse_pairs
+from fedsketch.server import download
 
 
 def _ledger_with_two_rounds() -> tuple[download.DownloadLedger, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The Count Sketch's estimates (fedsketch/_estimates.py) against a float64 reference.
+"""The Count Sketch's estimates (fedsketch/sketch/estimates.py) against a float64 reference.
 
 A coordinate's estimate is the median over rows of its signed buckets (Charikar, Chen and Farach-Colton,
 ICALP 2002), the lower median for an even number of rows. tests/hash_reference.py reads the buckets and
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch import _estimates as E
-from fedsketch._hashing import TabulationHash
+from fedsketch.sketch import estimates as E
+from fedsketch.sketch.hashing import TabulationHash
 from tests.hash_reference import reference
 
 CPU, META = torch.device("cpu"), torch.device("meta")

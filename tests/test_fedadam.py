@@ -8,7 +8,7 @@ import torch
 from fedsketch.algorithms import fedadam
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Round, get_method
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 D = 500
 

@@ -24,10 +24,11 @@ from flwr.serverapp.strategy import FedAvg
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
-from fedsketch.evaluate import evaluate
-from fedsketch.flat import set_flat
-from fedsketch.local import client_generator, local_update
-from fedsketch.task import load_data, local_spec, make_model
+from fedsketch.data.run import load_data
+from fedsketch.model.flat import set_flat
+from fedsketch.server.evaluate import evaluate
+from fedsketch.task import local_spec, make_model
+from fedsketch.training.local import client_generator, local_update
 from strategies.server_app import build_strategy
 
 NODES = 4

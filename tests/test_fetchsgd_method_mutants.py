@@ -23,7 +23,7 @@ from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, ClientUpdate, Round
 from fedsketch.methods import fetchsgd as method
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 
 D = 3_000
 SETTINGS = {

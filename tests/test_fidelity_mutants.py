@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fedsketch.algorithms import fetchsgd, fidelity
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 
 D, ROWS, COLS, SEED, K, RHO = 8, 3, 4, 3, 2, 0.5
 F64 = torch.float64

@@ -30,9 +30,9 @@ from experiments.running.forecast import (
 )
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from experiments.running.progress import LineProgress, RunWatcher, time_left
-from fedsketch import runlog
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES
+from fedsketch.server import runlog
 from fedsketch.validate import client_state_bytes
 from strategies.server_app import build_strategy
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from clients.messages import model_record
+from bridge.messages import model_record
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import payload_norm
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 from strategies.guard import clip_updates, noisy_mean, scale_payload
 from strategies.server_app import build_strategy
 

@@ -21,7 +21,7 @@ import torch
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 from strategies import guard
 
 SKETCH = {"sketch-rows": 4, "sketch-cols": 50}

@@ -1,4 +1,4 @@
-"""The Count Sketch's hash family (fedsketch/_hashing.py) against an independent reference.
+"""The Count Sketch's hash family (fedsketch/sketch/hashing.py) against an independent reference.
 
 tests/hash_reference.py recomputes every parameter from the docstrings in Python integers: SplitMix64
 states from ``(seed, d, rows, cols)``, the shared permutation and sign table of one chunk, the 4-wise
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch import _hashing as H
+from fedsketch.sketch import hashing as H
 from tests.hash_reference import Reference, mix, reference, states, stream
 
 CPU, META = torch.device("cpu"), torch.device("meta")

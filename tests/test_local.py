@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsketch.flat import get_flat, set_flat
-from fedsketch.local import LocalSpec, local_update, sample_batch
+from fedsketch.model.flat import get_flat, set_flat
+from fedsketch.training.local import LocalSpec, local_update, sample_batch
 
 
 def _model() -> nn.Module:

@@ -23,15 +23,17 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 from method_helpers import encode
 
-from clients.messages import read_request, record_to_payload
+from bridge.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import runlog, wire
-from fedsketch.client_state import state_root
+from fedsketch import wire
+from fedsketch.client.state import state_root
 from fedsketch.compress.topk import decompress
 from fedsketch.config import ConfigError, RunConfig, check_against_model
-from fedsketch.local import client_generator, local_update
-from fedsketch.task import load_data, local_spec, make_model
+from fedsketch.data.run import load_data
+from fedsketch.server import runlog
+from fedsketch.task import local_spec, make_model
+from fedsketch.training.local import client_generator, local_update
 from fedsketch.validate import client_state_bytes
 from strategies.server_app import build_strategy
 

@@ -16,11 +16,11 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from clients.messages import payload_bytes, payload_to_record, wire_bytes
+from bridge.messages import payload_bytes, payload_to_record, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch.aggregate import weighted_mean
+from fedsketch.algorithms.aggregate import weighted_mean
+from fedsketch.client.uploads import merge, mergeable
 from fedsketch.config import RunConfig
-from fedsketch.uploads import merge, mergeable
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 from tests.method_helpers import encode

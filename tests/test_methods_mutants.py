@@ -40,7 +40,7 @@ from fedsketch.methods.method import (
     unit_sensitivity,
     update_norm,
 )
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,9 @@ import pytest
 
 from fedsketch.config import RunConfig
 from fedsketch.data import load_federated
-from fedsketch.task import fixed_input, load_data, make_model, model_shapes
+from fedsketch.data.run import load_data
+from fedsketch.model.build import fixed_input, model_shapes
+from fedsketch.task import make_model
 
 
 @pytest.mark.parametrize(

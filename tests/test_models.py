@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsketch.models import MODELS, NORMS, build_model
+from fedsketch.model.models import MODELS, NORMS, build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "resnet9": (3, 32, 32), "resnet18": (3, 32, 32), "bag": (20,)}
@@ -64,7 +64,7 @@ def test_same_seed_same_parameters_other_seed_not() -> None:
 
 def test_same_parameters_in_another_process() -> None:
     code = (
-        "import hashlib, torch; from fedsketch.models import build_model; torch.manual_seed(123); "
+        "import hashlib, torch; from fedsketch.model.models import build_model; torch.manual_seed(123); "
         "m = build_model('cnn', (1, 28, 28), 10, seed=5); "
         "print(hashlib.sha256(torch.cat([p.detach().reshape(-1) for p in m.parameters()]).numpy().tobytes()).hexdigest())"
     )

@@ -16,7 +16,7 @@ def test_the_shipped_groups_name_real_files_and_each_module_once() -> None:
     groups = mr.load_groups()
     modules = [m for g in groups.values() for m in g.modules]
     assert len(modules) == len(set(modules))
-    assert {"fedsketch/sketch.py", "strategies/billing.py", "fedsketch/algorithms/fetchsgd.py"} <= set(modules)
+    assert {"fedsketch/sketch/count_sketch.py", "strategies/billing.py", "fedsketch/algorithms/fetchsgd.py"} <= set(modules)
 
 
 def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
     path.write_text('[g]\nmodules = ["fedsketch/nope.py"]\ntests = ["tests/test_sketch.py"]\n')
     with pytest.raises(ValueError, match=r"group \[g\] names files that do not exist: \['fedsketch/nope.py'\]"):
         mr.load_groups(path, ROOT)
-    path.write_text('[g]\nmodules = ["fedsketch/sketch.py"]\n')
+    path.write_text('[g]\nmodules = ["fedsketch/sketch/count_sketch.py"]\n')
     with pytest.raises(ValueError, match=r"group \[g\] needs exactly 'modules' and 'tests'; got \['modules'\]"):
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = []\ntests = ["tests/test_sketch.py"]\n')
@@ -34,11 +34,11 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:
     shared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
-    group = mr.Group("g", ("strategies/billing.py", "fedsketch/sketch_checks.py"), ("tests/test_billing_mutants.py",))
+    group = mr.Group("g", ("strategies/billing.py", "fedsketch/sketch/checks.py"), ("tests/test_billing_mutants.py",))
     settings = mr.mutmut_settings(shared, group)
     assert settings["source_paths"] == ["fedsketch/", "strategies/"]
     assert settings["also_copy"] == ["clients/", "experiments/"]
-    assert settings["only_mutate"] == ["strategies/billing.py", "fedsketch/sketch_checks.py"]
+    assert settings["only_mutate"] == ["strategies/billing.py", "fedsketch/sketch/checks.py"]
     assert settings["pytest_add_cli_args_test_selection"] == ["tests/test_billing_mutants.py"]
     assert settings["process_isolation"] == "forkserver"  # the shared settings are kept
     text = mr.with_mutmut_table((ROOT / "pyproject.toml").read_text(), settings)
@@ -57,11 +57,11 @@ def test_a_pyproject_whose_mutmut_table_is_missing_or_not_last_is_refused() -> N
 def test_the_copy_holds_the_project_files_and_the_group_table(tmp_path: Path) -> None:
     group = mr.load_groups()["schedule"]
     copy = mr.prepare(group, ROOT, tmp_path)
-    assert (copy / "fedsketch" / "schedule.py").read_bytes() == (ROOT / "fedsketch" / "schedule.py").read_bytes()
+    assert (copy / "fedsketch" / "server" / "schedule.py").read_bytes() == (ROOT / "fedsketch" / "server" / "schedule.py").read_bytes()
     assert (copy / "tests" / "test_properties_schedule.py").is_file()
     assert not (copy / ".venv").exists() and not (copy / ".git").exists()
     table = tomllib.loads((copy / "pyproject.toml").read_text())["tool"]["mutmut"]
-    assert table["only_mutate"] == ["fedsketch/schedule.py"]
+    assert table["only_mutate"] == ["fedsketch/server/schedule.py"]
     assert mr.prepare(group, ROOT, tmp_path) == copy  # a second prepare starts from a fresh copy
 
 
@@ -82,7 +82,7 @@ def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, cap
     out = tmp_path / "report.md"
     code = mr.main(["schedule", "--work", str(tmp_path), "--out", str(out), "--min-module", "100"])
     assert code == 0, (tmp_path / "schedule.log").read_text()[-2000:]
-    assert "| `fedsketch/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% |" in out.read_text()
+    assert "| `fedsketch/server/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% |" in out.read_text()
 
 
 def test_pyprojects_table_is_the_union_of_the_groups() -> None:

@@ -1,6 +1,6 @@
 """The bare loop of ``bench_peer --floor`` trains the peer job as fedsketch's FedAvg does.
 
-The reference is fedsketch's own client math (:func:`fedsketch.local.local_update` with each
+The reference is fedsketch's own client math (:func:`fedsketch.training.local.local_update` with each
 client's generator) and the weighted mean, on a tiny job written as ``bench_peer`` writes its
 ``.npz``; the script must report the reference's test accuracy and loss after every round.
 """
@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from fedsketch.flat import get_flat, set_flat
-from fedsketch.local import LocalSpec, client_generator, local_update
-from fedsketch.models import build_model
+from fedsketch.model.flat import get_flat, set_flat
+from fedsketch.model.models import build_model
+from fedsketch.training.local import LocalSpec, client_generator, local_update
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "bench" / "peer_floor.py"
 CLIENTS, PER_ROUND, ROUNDS, HIDDEN, FEATURES, CLASSES = 12, 5, 3, 8, 6, 3

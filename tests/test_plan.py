@@ -16,7 +16,7 @@ from experiments.flower.federation import Federation
 from experiments.flower.one_process import SPARE_LOG
 from experiments.running import runner
 from experiments.running.command_plan import Plan, PlannedRun
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 WATCHING_HALF = [
@@ -27,7 +27,7 @@ WATCHING_HALF = [
     "experiments.running.progress",
     "experiments.running.stopping",
     "experiments.analysis.results",
-    "fedsketch.runlog",
+    "fedsketch.server.runlog",
 ]
 
 

@@ -21,8 +21,8 @@ from flwr.serverapp import Grid
 
 from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch import wire
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
+from fedsketch.server.books import Books
 from strategies import plan
 
 NODES = [101, 102, 103]

@@ -22,10 +22,10 @@ from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.algorithms import powersgd
 from fedsketch.config import RunConfig
-from fedsketch.flat import get_flat, get_flat_grad
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.powersgd import plan
-from fedsketch.models import build_model
+from fedsketch.model.flat import get_flat, get_flat_grad
+from fedsketch.model.models import build_model
 from strategies.server_app import build_strategy
 
 SHAPES = [(64, 20), (64,), (10, 64), (10,), (3, 3), (8, 4, 3, 3)]

@@ -9,7 +9,8 @@ import pytest
 from experiments.analysis.results import failure_reason
 from experiments.running.preflight import check_runs, model_size
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.task import load_data, make_model
+from fedsketch.data.run import load_data
+from fedsketch.task import make_model
 
 
 @pytest.mark.parametrize("settings", [{}, {"model-hidden": 64}])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fedsketch.privacy import clip_factor, epsilon, rdp_sampled_gaussian
+from fedsketch.server.privacy import clip_factor, epsilon, rdp_sampled_gaussian
 
 
 def test_matches_tensorflow_privacys_reference_values() -> None:

@@ -13,7 +13,7 @@ LINES = [
     f"{SERVER};aggregate_train (strategies/strategy.py:125);collect (strategies/replies.py:132);_amax (numpy/_methods.py:41) 40",
     f"{SERVER};finish_round (strategies/strategy.py:210);server_step (fedsketch/methods/method.py:250) 20",
     f"{SERVER};exchange (strategies/replies.py:70);send_and_receive (strategies/waiting.py:90);Event.wait (threading.py:629) 80",
-    'process 1:"python";train (clients/client_app.py:130);add_update (clients/messages.py:290);npy_array (clients/messages.py:118) 10',
+    'process 1:"python";train (clients/client_app.py:130);add_update (bridge/messages.py:290);npy_array (bridge/messages.py:118) 10',
     "not a stack line",
 ]
 

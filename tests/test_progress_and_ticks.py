@@ -14,7 +14,7 @@ from rich.progress import Progress
 from experiments.analysis.plots import PARETO, BytesFormatter, BytesLocator, plot_experiment
 from experiments.analysis.results import format_bytes
 from experiments.running.progress import LineProgress, RunWatcher, make_progress
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """A client's pending state is committed only when the server applied the upload that led to it.
 
-:func:`fedsketch.client_state.settle` over many random participation
+:func:`fedsketch.client.state.settle` over many random participation
 histories, and the real round (strategy and ClientApp in one process) on a
 client's second and third participation: an upload the server did not apply
 leaves the client's next upload exactly as if that round had never sampled it,
@@ -19,7 +19,8 @@ from flwr.serverapp import Grid
 from test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import client_state, wire
+from fedsketch import wire
+from fedsketch.client import state as client_state
 from fedsketch.config import RunConfig
 from strategies.plan import sample_clients
 from strategies.server_app import build_strategy

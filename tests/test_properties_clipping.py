@@ -3,7 +3,7 @@
 An update whose norm is at most C reaches the method bit-identical; one above
 C is scaled to norm exactly C (to float32 rounding), in its direction. The same
 for the DP path's clip to the sensitivity, and for the factor itself
-(``fedsketch.privacy.clip_factor``). McMahan et al., ICLR 2018 (DP-FedAvg).
+(``fedsketch.server.privacy.clip_factor``). McMahan et al., ICLR 2018 (DP-FedAvg).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm
-from fedsketch.privacy import clip_factor
+from fedsketch.server.privacy import clip_factor
 from strategies import guard
 
 D = 64

@@ -1,7 +1,7 @@
 """Billing sparse downloads: a catch-up is never charged above the dense model (``strategies/billing.py``).
 
 A returning client is sent the coordinates changed since it last synced
-(:mod:`fedsketch.download`) or the dense model, whichever is smaller. Over many
+(:mod:`fedsketch.server.download`) or the dense model, whichever is smaller. Over many
 random change histories, where a stale client's catch-up often grows larger
 than the model itself, every client's charge is at most what a client that
 never took part pays (the dense model and the round's config), in simulation
@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from flwr.serverapp import Grid
 
-from clients import messages
-from fedsketch import download
-from fedsketch.books import Books, Counts
+from bridge import messages
 from fedsketch.config import RunConfig
+from fedsketch.server import download
+from fedsketch.server.books import Books, Counts
 from strategies import billing
 from strategies.plan import RoundPlan
 

@@ -1,4 +1,4 @@
-"""The server learning-rate schedule, by its documented end points (``fedsketch/schedule.py``).
+"""The server learning-rate schedule, by its documented end points (``fedsketch/server/schedule.py``).
 
 Every schedule starts at ``lr`` in round 1. In the last round of ``num-rounds``:
 ``constant`` is still ``lr``, ``linear`` has come down to ``lr / num-rounds``, and
@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
-from fedsketch.schedule import SCHEDULES, lr_at
+from fedsketch.server.schedule import SCHEDULES, lr_at
 from strategies.server_app import build_strategy
 
 ROUNDS = (1, 2, 3, 7, 250)

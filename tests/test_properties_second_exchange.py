@@ -23,8 +23,9 @@ from test_properties_client_state import _participations
 
 from clients.client_app import ContextStates
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import client_state, wire
+from fedsketch import wire
 from fedsketch.algorithms import sketched_sgd
+from fedsketch.client import state as client_state
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 

@@ -3,7 +3,7 @@
 Flower's ``RecordDict.array_records`` (and ``metric_records``,
 ``config_records``) returns a view that references its RecordDict and a bound
 method of itself, so a message read through one stays in memory, arrays and
-all, until the cyclic collector runs. ``clients.messages.records_of`` reads the
+all, until the cyclic collector runs. ``bridge.messages.records_of`` reads the
 records into plain dicts instead; these tests run a real round with the cyclic
 collector off and check that every request and reply is freed as soon as the
 last reference to it goes.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clients.messages import model_record, payload_to_record, records_of, typed_record
+from bridge.messages import model_record, payload_to_record, records_of, typed_record
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy

@@ -19,10 +19,11 @@ from method_helpers import encode
 from experiments.running.sweep import SWEEP_KEYS
 from experiments.tools.settings_doc import main as settings_doc
 from fedsketch.config import DECLARED, RunConfig, field_keys
-from fedsketch.flat import num_params
+from fedsketch.data.run import load_data
 from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Payload, Query, server_step
-from fedsketch.task import load_data, make_model
+from fedsketch.model.flat import num_params
+from fedsketch.task import make_model
 from fedsketch.validate import CHOICES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message import make_message
 
-from clients.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
+from bridge.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig

@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clients.messages import copy_content, model_record
+from bridge.messages import copy_content, model_record
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig

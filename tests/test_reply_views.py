@@ -17,7 +17,7 @@ import pytest
 import torch
 from flwr.app import Array
 
-from fedsketch.aggregate import weighted_mean
+from fedsketch.algorithms.aggregate import weighted_mean
 from strategies.limits import checked_array
 from strategies.replies import check_values
 

@@ -27,8 +27,8 @@ from experiments.analysis.results import RunGroup, bytes_to_target, pareto_front
 from experiments.cli import main as fedsketch_main
 from experiments.running import runner
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import runlog
 from fedsketch.config import ConfigError, RunConfig
+from fedsketch.server import runlog
 from strategies.server_app import build_strategy
 
 SWEEP = """

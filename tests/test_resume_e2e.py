@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from experiments.flower import procs
-from fedsketch import checkpoint
 from fedsketch.config import RunConfig
+from fedsketch.server import checkpoint
 
 pytestmark = pytest.mark.slow
 FEDSKETCH = str(Path(sys.executable).parent / "fedsketch")

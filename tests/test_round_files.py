@@ -54,7 +54,7 @@ def test_the_architecture_page_names_every_file_a_fetchsgd_round_passes_through_
     assert sorted(set(files) - listed) == [], "files the round runs that the table does not name"
     assert sorted(listed - set(files)) == [], "files the table names that the round does not run"
     assert count == len(files)
-    for core in ("strategies/strategy.py", "fedsketch/methods/fetchsgd.py", "fedsketch/sketch.py"):
+    for core in ("strategies/strategy.py", "fedsketch/methods/fetchsgd.py", "fedsketch/sketch/count_sketch.py"):
         assert files[core] > 0
     for path, lines in found["called_lines"].items():  # the functions called lie within their files
         assert 0 < lines < len((ROOT / path).read_text(encoding="utf-8").splitlines())
@@ -63,7 +63,7 @@ def test_the_architecture_page_names_every_file_a_fetchsgd_round_passes_through_
 @pytest.mark.slow
 def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
     files = traced("download=sparse", "client-assignment=node")["files"]
-    assert "fedsketch/download.py" in files and "fedsketch/compress/sparse.py" in files
+    assert "fedsketch/server/download.py" in files and "fedsketch/compress/sparse.py" in files
     assert set(documented()[0]) <= set(files)
 
 

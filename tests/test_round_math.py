@@ -22,7 +22,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from clients.messages import record_to_payload, wire_bytes
+from bridge.messages import record_to_payload, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from experiments.running import runner
-from fedsketch import checkpoint, runlog
 from fedsketch.config import ConfigError
+from fedsketch.server import checkpoint, runlog
 
 
 def _write(tmp_path: Path, text: str) -> Path:

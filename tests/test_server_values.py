@@ -20,8 +20,8 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch.books import Books
 from fedsketch.config import RunConfig
+from fedsketch.server.books import Books
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 from strategies.values import ServerValues

@@ -303,15 +303,16 @@ def test_both_backends_and_both_runtimes_give_the_same_run_and_only_ray_starts_r
 
 
 def test_cohorts_on_two_threads_at_once_equal_the_same_cohorts_one_after_another() -> None:
-    """Each thread trains on its own scratch model (fedsketch/cohort.py): no thread overwrites another's weights."""
+    """Each thread trains on its own scratch model (fedsketch/client/cohort.py): no thread overwrites another's weights."""
     import numpy as np
     import torch
 
-    from fedsketch.cohort import ClientOutcome, run_cohort
+    from fedsketch.client.cohort import ClientOutcome, run_cohort
     from fedsketch.config import RunConfig
-    from fedsketch.flat import get_flat
+    from fedsketch.data.run import load_data
     from fedsketch.methods import ClientJob
-    from fedsketch.task import load_data, make_model
+    from fedsketch.model.flat import get_flat
+    from fedsketch.task import make_model
 
     cfg = RunConfig.from_mapping(
         {

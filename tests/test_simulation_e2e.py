@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.messages import client_metrics, payload_to_record, wire_bytes
+from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.flower import procs
 from experiments.flower.flower_procs import free_port, stop_pid_group
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

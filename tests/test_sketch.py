@@ -360,7 +360,7 @@ def test_zero_buckets_zeroes_exactly_the_touched_buckets() -> None:
 
 
 def test_hash_functions_are_derived_once_per_seed_shape_and_device() -> None:
-    from fedsketch._hashing import TabulationHash
+    from fedsketch.sketch.hashing import TabulationHash
 
     args = (7, 10_000, 3, 500, torch.device("cpu"))
     shared = TabulationHash.build(*args)

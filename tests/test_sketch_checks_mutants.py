@@ -1,4 +1,4 @@
-"""The Count Sketch's argument checks (``fedsketch/sketch_checks.py``): each bad argument refused with its exact
+"""The Count Sketch's argument checks (``fedsketch/sketch/checks.py``): each bad argument refused with its exact
 message, each boundary value accepted.
 
 Written for the survivors of a mutation run (docs/mutation.md): a size of 1 and a seed of 0 pass, 0 and -1 do
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch._hashing import SERIAL_OP
-from fedsketch.sketch_checks import DTYPES, check_finite, check_indices, check_table, check_vector, int_arg, same_device
+from fedsketch.sketch.checks import DTYPES, check_finite, check_indices, check_table, check_vector, int_arg, same_device
+from fedsketch.sketch.hashing import SERIAL_OP
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 

@@ -22,13 +22,14 @@ import pytest
 import torch
 from flwr.app import Message
 
-from clients.messages import payload_to_record, wire_bytes
+from bridge.messages import payload_to_record, wire_bytes
 from experiments.analysis.plots_fidelity import FIGURE, plot_fidelity
 from experiments.running.inprocess_grid import InProcessGrid, task_identity
-from fedsketch import checkpoint, wire
+from fedsketch import wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import fetchsgd as fetchsgd_method
+from fedsketch.server import checkpoint
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 

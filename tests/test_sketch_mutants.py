@@ -1,6 +1,6 @@
 """The Count Sketch's edges: its bounds and messages, its operators, its device and dtype, and top-k's second pass.
 
-Each test pins a behaviour of :mod:`fedsketch.sketch` (FetchSGD, Rothchild et al., ICML 2020) that
+Each test pins a behaviour of :mod:`fedsketch.sketch.count_sketch` (FetchSGD, Rothchild et al., ICML 2020) that
 tests/test_sketch.py passes through without checking (docs/mutation.md, fourth module).
 """
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsketch import CountSketch
-from fedsketch._estimates import sample_threshold
+from fedsketch.sketch.estimates import sample_threshold
 
 HALF = [torch.float16, torch.bfloat16]
 

@@ -16,7 +16,7 @@ import torch
 
 from fedsketch import CountSketch
 
-CHUNK = 2**15  # coordinates per chunk when cols >= 2**15 (see fedsketch/_hashing.py)
+CHUNK = 2**15  # coordinates per chunk when cols >= 2**15 (see fedsketch/sketch/hashing.py)
 
 
 def test_the_direct_window_path_agrees_with_the_per_coordinate_path() -> None:

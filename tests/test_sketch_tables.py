@@ -1,8 +1,8 @@
 """Client-batching's encode: the tables of many Count Sketches at once equal each sketch's own.
 
-``fedsketch.sketch_batch.sketch_tables`` hashes each block of buckets once for all the vectors
-(``fedsketch.sketch_batch._accumulate_batch``); FetchSGD's ``encode_many`` uses it on a GPU and
-``fedsketch.cohort`` calls it for each vectorized chunk, one client at a time should it fail.
+``fedsketch.sketch.batch.sketch_tables`` hashes each block of buckets once for all the vectors
+(``fedsketch.sketch.batch._accumulate_batch``); FetchSGD's ``encode_many`` uses it on a GPU and
+``fedsketch.client.cohort`` calls it for each vectorized chunk, one client at a time should it fail.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from fedsketch import methods, sketch_batch
-from fedsketch.cohort import run_cohort
+from fedsketch import methods
+from fedsketch.client.cohort import run_cohort
 from fedsketch.config import RunConfig
-from fedsketch.flat import get_flat
+from fedsketch.data.run import load_data
 from fedsketch.methods import ClientJob, get_method
 from fedsketch.methods import fetchsgd as fetchsgd_method
-from fedsketch.sketch import CountSketch
-from fedsketch.sketch_batch import host_tables, sketch_tables
-from fedsketch.task import load_data, make_model
+from fedsketch.model.flat import get_flat
+from fedsketch.sketch import batch as sketch_batch
+from fedsketch.sketch.batch import host_tables, sketch_tables
+from fedsketch.sketch.count_sketch import CountSketch
+from fedsketch.task import make_model
 
 
 def one_by_one(vecs: torch.Tensor, rows: int, cols: int, seed: int) -> torch.Tensor:

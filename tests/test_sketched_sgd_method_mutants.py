@@ -22,8 +22,8 @@ from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientJob, ClientUpdate, Round
 from fedsketch.methods import sketched_sgd as method
-from fedsketch.setting import ConfigError
-from fedsketch.sketch import CountSketch
+from fedsketch.settings.setting import ConfigError
+from fedsketch.sketch.count_sketch import CountSketch
 
 D = 60
 CPU = torch.device("cpu")

@@ -19,8 +19,8 @@ import pytest
 from experiments.flower import one_process, spare
 from experiments.flower.federation import Federation
 from experiments.running import runner
-from fedsketch import runlog
 from fedsketch.config import RunConfig
+from fedsketch.server import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3, "eval-every": 1, "model-hidden": 16, "k": 50}

@@ -19,8 +19,8 @@ from experiments.cli import main as fedsketch_main
 from experiments.flower import procs
 from experiments.flower.procs import processes_with_env
 from experiments.running import runner, stopping
-from fedsketch import checkpoint, runlog
 from fedsketch.config import RunConfig
+from fedsketch.server import checkpoint, runlog
 
 
 def _sleeper(token: str, ignore_term: bool = False) -> subprocess.Popen[bytes]:

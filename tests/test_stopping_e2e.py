@@ -26,7 +26,7 @@ import pytest
 from experiments.cli import main as fedsketch_main
 from experiments.flower.procs import processes_with_env
 from experiments.running.stopping import GRACE_S, TOKEN_VAR
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

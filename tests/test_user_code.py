@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from fedsketch import entry
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data import DataSpec, load_federated
 from fedsketch.data.checks import DataError
-from fedsketch.models import build_model
+from fedsketch.model.models import build_model
+from fedsketch.settings import entry
 
 EXAMPLE = Path(__file__).with_name("example")
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clients.messages import MAX_CHUNK, client_metrics, model_record, payload_to_record, wire_bytes
+from bridge.messages import MAX_CHUNK, client_metrics, model_record, payload_to_record, wire_bytes
 from fedsketch import wire
 
 

@@ -47,7 +47,7 @@ from flwr.clientapp.client_app import ClientApp, ClientAppException, LoadClientA
 from flwr.common.logger import log
 from flwr.server.superlink.fleet.vce.backend import Backend, BackendConfig
 
-from clients.messages import delivered
+from bridge.messages import delivered
 from fedsketch import wire
 
 RAY_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"

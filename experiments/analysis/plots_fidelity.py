@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 FIGURE = "sketch_fidelity_vs_rounds.png"
 PANELS = (

@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments.analysis import map_cli
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 FIGURE = "regime.png"
 PREFIX = "regime-"

@@ -2,7 +2,7 @@
 
 A *run group* is one strategy at one sweep point (``experiments/running/sweep.py``);
 its seeds are the folders ``<strategy>[/<point>]`` and ``.../seed<k>`` that
-:func:`fedsketch.runlog.run_dir` lays out. Plots and the report both read the
+:func:`fedsketch.server.runlog.run_dir` lays out. Plots and the report both read the
 folder through :func:`collect_groups` and reduce a group over its seeds the
 same way (:func:`summarize`): the mean, and the min-max spread.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 Row = dict[str, Any]
 SEED_DIR = re.compile(r"seed\d+")

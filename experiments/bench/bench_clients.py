@@ -7,7 +7,7 @@ cohort) on the same clients and round, in the same run:
 
 - ``loop``: one client at a time (``client-batching = 0``), the plain loop;
 - ``vectorized N``: ``client-batching = N``, N clients' gradients in one
-  ``torch.func`` call (:mod:`fedsketch.batched`), each still sketched alone;
+  ``torch.func`` call (:mod:`fedsketch.training.batched`), each still sketched alone;
 
 and prints clients per second and the ratio to the loop, on the GPU when one is
 present (``--device auto``), else on the CPU. The images are random (written
@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsketch.cohort import ClientOutcome, run_cohort
+from fedsketch.client.cohort import ClientOutcome, run_cohort
 from fedsketch.config import RunConfig
-from fedsketch.flat import get_flat
+from fedsketch.data.run import load_data
 from fedsketch.methods import ClientJob
-from fedsketch.task import load_data, make_model, resolve_device
+from fedsketch.model.flat import get_flat
+from fedsketch.task import make_model, resolve_device
 
 IMAGES_PER_CLIENT = 5
 SAMPLES_PER_CLIENT = 64  # --fedavg: more than a batch of 32, so every client draws batches of equal length

@@ -79,11 +79,12 @@ def reference_compute(settings: dict[str, Any]) -> dict[str, float]:
     """One client's round in this process, timed after the ClientApp's imports (run in the device's env)."""
     start = time.perf_counter()
     import clients.client_app  # noqa: F401 -- the ClientApp's imports, as a round has them
-    from fedsketch.cohort import run_cohort
+    from fedsketch.client.cohort import run_cohort
     from fedsketch.config import RunConfig
-    from fedsketch.flat import num_params
+    from fedsketch.data.run import load_data
     from fedsketch.methods import ClientJob, get_method
-    from fedsketch.task import load_data, make_model
+    from fedsketch.model.flat import num_params
+    from fedsketch.task import make_model
 
     imported, base_rss = time.perf_counter(), _rss()
     cfg = RunConfig.from_mapping(settings)

@@ -58,8 +58,8 @@ from experiments.bench.bench_sim import round_times
 from experiments.bench.peer_tables import Run, print_breakdown, print_table
 from experiments.flower.federation import BACKENDS, RUNTIMES
 from experiments.flower.proctree import TreeSampler, tag_env
-from fedsketch import runlog
 from fedsketch.config import RunConfig
+from fedsketch.server import runlog
 
 APP_DIR = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_pfl.py"
@@ -86,7 +86,8 @@ FETCHSGD = {"sketch-rows": 3, "sketch-cols": 30000, "k": 10000, "momentum": 0.9,
 
 def build_job(folder: Path) -> Path:
     """Generate the data once; write it, each training sample's client and the initial weights to one ``.npz``."""
-    from fedsketch.task import load_data, make_model
+    from fedsketch.data.run import load_data
+    from fedsketch.task import make_model
 
     cfg = RunConfig.from_mapping({**JOB, "dataset": "synthetic", "partition": "natural"})
     data = load_data(cfg)

@@ -74,13 +74,14 @@ def plain_loop(cfg: RunConfig, threads: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from fedsketch.cohort import run_cohort
-    from fedsketch.evaluate import evaluate
-    from fedsketch.flat import get_flat, set_flat
+    from fedsketch.client.cohort import run_cohort
+    from fedsketch.client.uploads import merge, mergeable
+    from fedsketch.data.run import load_data
     from fedsketch.methods import ClientJob, ClientUpdate, Round, get_method
-    from fedsketch.schedule import lr_at
-    from fedsketch.task import load_data, make_model
-    from fedsketch.uploads import merge, mergeable
+    from fedsketch.model.flat import get_flat, set_flat
+    from fedsketch.server.evaluate import evaluate
+    from fedsketch.server.schedule import lr_at
+    from fedsketch.task import make_model
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -191,7 +192,7 @@ def flower_run(cfg: RunConfig, supernodes: int) -> dict[str, float]:
     from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
     from experiments.flower.launch import simulate
     from experiments.running import runner
-    from fedsketch import runlog
+    from fedsketch.server import runlog
 
     path = runner.prepare(cfg)
     memory = TreeMemory(path / "flwr-home")

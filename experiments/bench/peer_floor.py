@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from experiments.bench import peer_job
-from fedsketch.models import build_model
+from fedsketch.model.models import build_model
 
 EVAL_BATCH = 1024
 

@@ -68,5 +68,5 @@ def cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> list[int]:
 
 
 def client_seed(seed: int, rnd: int, cid: int) -> int:
-    """The seed of a client's batches in round ``rnd``: ``fedsketch.local.client_generator``'s."""
+    """The seed of a client's batches in round ``rnd``: ``fedsketch.training.local.client_generator``'s."""
     return (seed * 1_000_003 + rnd) * 1_000_033 + cid

@@ -18,7 +18,7 @@ two choices are fedsketch's, not pfl's defaults, and are written out here:
 - each local step draws its batch of ``batch_size`` samples without
   replacement from the user's data with ``torch.randperm`` on the user's own
   generator, seeded ``(seed * 1_000_003 + r) * 1_000_033 + cid``
-  (``fedsketch/local.py``); a user with ``batch_size`` samples or fewer uses
+  (``fedsketch/training/local.py``); a user with ``batch_size`` samples or fewer uses
   all of them every step.
 
 pfl is not a dependency of fedsketch. It needs Python < 3.13 and runs from its
@@ -53,7 +53,7 @@ from torch.nn import functional as F
 
 from experiments.bench import peer_job
 
-EVAL_BATCH = 1024  # fedsketch/evaluate.py's batch
+EVAL_BATCH = 1024  # fedsketch/server/evaluate.py's batch
 
 
 class MLP(nn.Module):

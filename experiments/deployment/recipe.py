@@ -27,7 +27,7 @@ from experiments.deployment.pki import ServerCertificates, make_certificates, ma
 from experiments.flower.app_files import ships
 from experiments.running.command_plan import APP_DIR
 from experiments.running.runner import DEFAULT_CONFIG, load_experiment, run_config_toml
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

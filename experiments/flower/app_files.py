@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
 """The ClientApp component an in-process simulation is run with: importing it installs the backend."""

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import httpx
 
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 
 class Child(Protocol):

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from experiments.flower import procs, spare
 from experiments.flower.app_files import clientapp_for
 from experiments.flower.flower_procs import Child, flower_env, follow, watch
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 if TYPE_CHECKING:
     from experiments.flower.federation import Federation

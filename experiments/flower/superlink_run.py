@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from experiments.flower import procs
 from experiments.flower.app_files import clientapp_for, staged_app
 from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group, wait_healthy, watch
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 if TYPE_CHECKING:
     from experiments.flower.federation import Federation
@@ -90,7 +90,7 @@ def flwr_run(
 
     ``poll`` is called about twice a second while the run goes on (progress).
     Once the ServerApp has marked the run done in ``work_dir``
-    (:func:`fedsketch.runlog.mark_server_done`: everything the run keeps is
+    (:func:`fedsketch.server.runlog.mark_server_done`: everything the run keeps is
     written), Flower's processes are stopped at once rather than left to their
     own teardown. Returns 0 then, else the exit code of ``flwr run``. The app
     is submitted from a copy of its own files (:func:`stage_app`), which for

@@ -30,7 +30,7 @@ from experiments.flower.federation import Federation, default_backend
 if TYPE_CHECKING:
     from experiments.running.stopping import Invocation
     from fedsketch.config import RunConfig
-    from fedsketch.runlog import RunSpec
+    from fedsketch.server.runlog import RunSpec
 
 APP_DIR = Path(__file__).resolve().parents[2]
 RUN_PLAN = "run-plan"
@@ -39,7 +39,7 @@ RUN_PLAN = "run-plan"
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """A validated run by its saved settings: what running and watching it reads (:class:`fedsketch.runlog.RunSpec`)."""
+    """A validated run by its saved settings: what running and watching it reads (:class:`fedsketch.server.runlog.RunSpec`)."""
 
     settings: dict[str, Any]
 
@@ -143,7 +143,7 @@ def run_plan(validated: Plan) -> int:
     from experiments.flower.launch import simulate
     from experiments.running import runner, stopping
     from experiments.running.progress import RunWatcher, make_progress
-    from fedsketch import runlog
+    from fedsketch.server import runlog
 
     with stopping.Invocation("run") as invocation, make_progress() as progress:
         if (pid := spare.waiting_pid()) is not None:  # forked before the token existed: stopped by its pid
@@ -178,7 +178,7 @@ def _print_outcomes(results: Sequence[tuple[RunSpec, str]]) -> None:
     """One line per run; a failed run also gets the error its ``flower.log`` ends with."""
     from experiments.analysis.results import failed_replies, failure_reason
     from experiments.running.runner import describe
-    from fedsketch import runlog
+    from fedsketch.server import runlog
 
     for cfg, outcome in results:
         print(f"{describe(cfg):>24}: {outcome}  ({runlog.run_dir(cfg)})")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, cast
 
 from experiments.analysis.results import format_bytes
 from experiments.running.runner import describe
-from fedsketch.runlog import experiment_name
+from fedsketch.server.runlog import experiment_name
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

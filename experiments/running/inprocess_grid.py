@@ -23,8 +23,8 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from bridge.messages import delivered
 from clients.client_app import app as client_app
-from clients.messages import delivered
 from strategies.waiting import Clock
 
 Tamper = Callable[[list[Message], list[Message]], list[Message]]

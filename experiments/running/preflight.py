@@ -28,13 +28,14 @@ from typing import ParamSpec, TypeVar
 import torch
 from torch import nn
 
-from fedsketch import entry, task
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.data import FederatedData, load_federated
 from fedsketch.data.registry import DATASETS
-from fedsketch.models import build_model
-from fedsketch.setting import ConfigError
-from fedsketch.task import data_spec
+from fedsketch.data.run import data_spec
+from fedsketch.model import build
+from fedsketch.model.models import build_model
+from fedsketch.settings import entry
+from fedsketch.settings.setting import ConfigError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,7 +71,7 @@ def check_runs(runs: Iterable[RunConfig]) -> list[Checked]:
     """
     runs = list(runs)
     sizes: dict[tuple[object, ...], int] = {}
-    fixed = [cfg for cfg in runs if task.fixed_input(cfg) is not None]
+    fixed = [cfg for cfg in runs if build.fixed_input(cfg) is not None]
     for cfg in fixed:  # what the model's size alone refuses, before any data is loaded
         shape_key = (cfg.dataset, cfg.model, cfg.model_hidden, cfg.model_norm)
         sizes[shape_key] = sizes[shape_key] if shape_key in sizes else model_size(cfg)
@@ -108,11 +109,11 @@ def check_one(cfg: RunConfig) -> Checked:
 
 def model_size(cfg: RunConfig) -> int:
     """The number of parameters of the run's model: from the data set's fixed shape where it has one
-    (:func:`fedsketch.task.fixed_input`), else after loading the data (once per process) and checking
+    (:func:`fedsketch.model.build.fixed_input`), else after loading the data (once per process) and checking
     it as :func:`check_one` does."""
-    if task.fixed_input(cfg) is None:
+    if build.fixed_input(cfg) is None:
         return check_one(cfg).d
-    return sum(math.prod(shape) for shape in task.model_shapes(cfg))
+    return sum(math.prod(shape) for shape in build.model_shapes(cfg))
 
 
 def _refused(fn: Callable[P, R], what: str, *args: P.args, **kwargs: P.kwargs) -> R:

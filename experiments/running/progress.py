@@ -24,7 +24,7 @@ from typing import Self, TextIO
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from experiments.analysis.results import format_bytes
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 
 def make_progress(stream: TextIO | None = None) -> Progress | LineProgress:

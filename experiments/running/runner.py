@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from experiments.running import stopping
-from fedsketch import runlog
-from fedsketch.runlog import RunSpec
-from fedsketch.setting import ConfigError
+from fedsketch.server import runlog
+from fedsketch.server.runlog import RunSpec
+from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:  # planning needs them (and torch); running a plan does not (experiments/running/command_plan.py)
     from experiments.running import sweep

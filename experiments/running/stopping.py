@@ -33,7 +33,7 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 
 from experiments.flower import procs
-from fedsketch import runlog
+from fedsketch.server import runlog
 
 TOKEN_VAR = "FEDSKETCH_RUN_TOKEN"
 STATE_VAR = "FEDSKETCH_STATE_DIR"

@@ -55,7 +55,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "local-sgd-no-weight-decay",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "p.add_(p.grad + weight_decay * p, alpha=-lr)",
         "p.add_(p.grad, alpha=-lr)",
         "tests/test_local.py",
@@ -63,7 +63,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "delta-written-into-the-wrong-tensor",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "torch.sub(weights.to(end.dtype), end, out=end)",
         "torch.sub(weights.to(end.dtype), end, out=weights)",
         "tests/test_local.py",
@@ -71,7 +71,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "momentum-buffer-outlives-its-client",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "buffers: list[torch.Tensor | None] = [None] * len(list(model.parameters()))",
         'buffers: list[torch.Tensor | None] = local_update.__dict__.setdefault("kept", [None] * len(list(model.parameters())))',
         MOMENTUM,
@@ -79,7 +79,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "momentum-before-weight-decay",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "    b = g if buf is None else torch.add(buf * spec.momentum, g)\n    return torch.add(p, b, alpha=-spec.lr), b",
         "    b = grad if buf is None else torch.add(buf * spec.momentum, grad)\n"
         "    return torch.add(p, b + spec.weight_decay * p, alpha=-spec.lr), b",
@@ -88,7 +88,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "momentum-first-step-scaled",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "b = g if buf is None else",
         "b = (1 - spec.momentum) * g if buf is None else",
         MOMENTUM,
@@ -96,7 +96,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "momentum-zero-not-the-plain-floats",
-        "fedsketch/local.py",
+        "fedsketch/training/local.py",
         "p.add_(p.grad + weight_decay * p, alpha=-lr)",
         "p.add_(p.grad.add(p, alpha=weight_decay), alpha=-lr)",
         MOMENTUM,
@@ -104,7 +104,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "vectorized-momentum-one-buffer",
-        "fedsketch/batched.py",
+        "fedsketch/training/batched.py",
         "buffers = {name: b for name, (_, b) in stepped.items()}",
         "buffers = {name: b.mean(0, keepdim=True) for name, (_, b) in stepped.items()}",
         MOMENTUM,
@@ -112,7 +112,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "vectorized-momentum-ignored",
-        "fedsketch/batched.py",
+        "fedsketch/training/batched.py",
         "        if spec.momentum:\n            stepped",
         "        if not spec.momentum:\n            stepped",
         MOMENTUM,
@@ -128,7 +128,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "values-checked-by-their-maximum-only",
-        "strategies/replies.py",
+        "fedsketch/client/uploads.py",
         "largest = max(abs(float(low)), abs(float(high)))",
         "largest = abs(float(high))",
         "tests/test_array_encoding.py",
@@ -136,9 +136,9 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "npy-header-unpadded",
-        "clients/messages.py",
-        'data = b"".join((header.getvalue(), arr.reshape(-1).view(np.uint8).data))',
-        'data = b"".join((header.getvalue().rstrip(b" \\n") + b"\\n", arr.reshape(-1).view(np.uint8).data))',
+        "bridge/messages.py",
+        "    return header.getvalue()",
+        '    return header.getvalue().rstrip(b" \\n") + b"\\n"',
         "tests/test_array_encoding.py",
         "a reply's arrays are encoded with a header np.save would not write (bytes counted differently)",
     ),
@@ -160,15 +160,15 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "wire-chunks-not-deduplicated",
-        "clients/messages.py",
-        "for i in range(0, len(data), MAX_CHUNK)], len, operator.eq)",
-        "for i in range(0, len(data), MAX_CHUNK)], len, lambda a, b: False)",
+        "bridge/messages.py",
+        "index, chunks = _distinct(pieces, lambda c: len(c[0]) + len(c[1]), _same_bytes)",
+        "index, chunks = _distinct(pieces, lambda c: len(c[0]) + len(c[1]), lambda a, b: False)",
         "tests/test_wire_bytes.py",
         "identical chunks of an array are counted twice, though Flower sends them once",
     ),
     _fault(
         "wire-header-digits",
-        "clients/messages.py",
+        "bridge/messages.py",
         "+ len(str(body)) + len(HEAD_BODY_DIVIDER)",
         "+ len(HEAD_BODY_DIVIDER)",
         "tests/test_wire_bytes.py",

@@ -12,7 +12,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     # ---- the sketch
     _fault(
         "f-window-off-by-one",
-        "fedsketch/_hashing.py",
+        "fedsketch/sketch/hashing.py",
         "m = C if wide else min(C, cols - start)",
         "m = C if wide else min(C, cols - start - 1)",
         PATHS,
@@ -20,7 +20,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "g-rows-share-signs",
-        "fedsketch/_hashing.py",
+        "fedsketch/sketch/hashing.py",
         "odd = polynomial_hash(self.coeffs[4:], hi) % 2",
         "odd = polynomial_hash(self.coeffs[4:, :1], hi).expand(self.rows, -1) % 2",
         PATHS,
@@ -28,7 +28,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "h-topk-bar-too-high",
-        "fedsketch/sketch.py",
+        "fedsketch/sketch/count_sketch.py",
         "count, trimmed, bar[0] = [idx], [val], k, True, float(kth)",
         "count, trimmed, bar[0] = [idx], [val], k, True, float(kth) * 1.01",
         PATHS,
@@ -111,7 +111,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "settle-ignores-server",
-        "fedsketch/client_state.py",
+        "fedsketch/client/state.py",
         "if applied is not None and pending_round(stored) == applied:",
         "if pending_round(stored) is not None:",
         EXACT,
@@ -119,7 +119,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "catch-up-misses-a-round",
-        "fedsketch/download.py",
+        "fedsketch/server/download.py",
         "idx = torch.nonzero(ledger.changed_at >= since).flatten()",
         "idx = torch.nonzero(ledger.changed_at > since).flatten()",
         "tests/test_download.py",
@@ -143,7 +143,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "weighted-mean-unweighted",
-        "fedsketch/aggregate.py",
+        "fedsketch/algorithms/aggregate.py",
         "out += (w / total) * x",
         "out += x / len(arrays)",
         ROUND,
@@ -167,7 +167,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "threads-share-a-model",
-        "fedsketch/cohort.py",
+        "fedsketch/client/cohort.py",
         '_THREAD.__dict__.setdefault("models", {})',
         'globals().setdefault("_SHARED", {})',
         "tests/test_simulation_backend.py",

@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from experiments.running.runner import DEFAULT_CONFIG, load_experiment, parse_overrides, run_config_toml
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"{ROOT}/"

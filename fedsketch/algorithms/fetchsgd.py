@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 
 VARIANTS = ("subtract", "zero-buckets")
 LR_PLACEMENTS = ("error", "update")

@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fedsketch.algorithms import fetchsgd
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 
 TALLY = ("rounds", "recall", "rel_error", "state_drift", "topk_mass")
 """What :attr:`FidelityState.tally` holds, in order: rounds measured, then sums of each figure over them."""

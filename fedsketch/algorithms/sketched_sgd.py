@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedsketch.sketch import CountSketch
+from fedsketch.sketch.count_sketch import CountSketch
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ with the sketch replaced by the exact vector::
     u[support(Delta)] = 0   (momentum_zeroing);  w = w - Delta
 
 *Local top-k* and every other compressed-upload baseline average the decoded
-payloads (one weighted mean, :func:`fedsketch.aggregate.weighted_mean`) and take a plain momentum step,
+payloads (one weighted mean, :func:`fedsketch.algorithms.aggregate.weighted_mean`) and take a plain momentum step,
 ``Delta = lr * u``, or, with ``download_k``, sparsify it like true top-k.
 Derivations and what each variant sends back: docs/methods.md.
 """

@@ -1,7 +1,7 @@
 """Upload compressors for the FetchSGD baselines (their server steps: :mod:`fedsketch.algorithms.topk_sgd`).
 
 Everything works on flat 1-D float32 tensors of length ``d`` (a model's
-flattened update, see :mod:`fedsketch.flat`). A compressor turns one into a
+flattened update, see :mod:`fedsketch.model.flat`). A compressor turns one into a
 *payload*, a ``dict[str, numpy.ndarray]`` of plain arrays that goes on the wire
 as is, and back. Modules, one per method and each citing its paper:
 

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fedsketch import entry
 from fedsketch.data import femnist, text, user
 from fedsketch.data.checks import check_features, check_labels
 from fedsketch.data.images import (
@@ -30,6 +29,7 @@ from fedsketch.data.partition import partition_labels
 from fedsketch.data.registry import DATASETS, num_classes
 from fedsketch.data.spec import DataSpec, FederatedData
 from fedsketch.data.synthetic import NUM_CLASSES, generate_synthetic
+from fedsketch.settings import entry
 
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 _HOLDOUT_STREAM = 0x1D5

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsketch import entry
 from fedsketch.data.registry import NAMES as DATASETS
+from fedsketch.settings import entry
 
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards")
 

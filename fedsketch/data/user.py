@@ -21,8 +21,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from fedsketch import entry
 from fedsketch.data.spec import DataSpec
+from fedsketch.settings import entry
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from fedsketch import wire
 from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadCheck, PayloadSpec, Round, State
-from fedsketch.setting import ConfigError
+from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

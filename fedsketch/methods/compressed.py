@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import topk_sgd
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.compress import Compressor, compress_with_feedback, derive_seed, registry
 from fedsketch.compress.signsgd import majority_vote
 from fedsketch.methods.method import (
@@ -37,7 +37,7 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.setting import Setting
+from fedsketch.settings.setting import Setting
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

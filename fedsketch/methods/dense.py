@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd
 from fedsketch.algorithms import topk_sgd as server
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.compress import identity
 from fedsketch.methods.method import (
     Client,

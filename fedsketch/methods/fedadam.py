@@ -15,7 +15,7 @@ import torch
 from fedsketch.algorithms import fedadam
 from fedsketch.methods.dense import encode, layout, mean_update
 from fedsketch.methods.method import Client, Docs, Method, Privacy, Round, Server, Wire
-from fedsketch.setting import Setting
+from fedsketch.settings.setting import Setting
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

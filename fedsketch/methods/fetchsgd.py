@@ -2,7 +2,7 @@
 
 Rothchild, Panda, Ullah, Ivkin, Stoica, Braverman, Gonzalez and Arora,
 "FetchSGD: Communication-Efficient Federated Learning with Sketching", ICML 2020.
-A client sketches its gradient (:class:`fedsketch.sketch.CountSketch`); sketches
+A client sketches its gradient (:class:`fedsketch.sketch.count_sketch.CountSketch`); sketches
 are linear, so the server merges the round's tables by a weighted sum and runs
 Algorithm 1 (:mod:`fedsketch.algorithms.fetchsgd`). All state is on the server:
 clients are stateless. With ``diagnose-sketch`` (simulation only) clients also
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from fedsketch import wire
-from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import fetchsgd, fidelity
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.methods.method import (
     Client,
     ClientJob,
@@ -37,9 +37,9 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.setting import Setting
-from fedsketch.sketch import CountSketch
-from fedsketch.sketch_batch import host_tables, sketch_tables
+from fedsketch.settings.setting import Setting
+from fedsketch.sketch.batch import host_tables, sketch_tables
+from fedsketch.sketch.count_sketch import CountSketch
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

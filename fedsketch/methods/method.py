@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedsketch.setting import Setting
+from fedsketch.settings.setting import Setting
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -164,8 +164,8 @@ class Client:
     of length d it keeps between rounds (0: stateless); ``commit``: when its new state counts as
     applied, once its upload was used in an applied round (``"upload"``) or only once it also
     answered the round's second exchange (``"answer"``); until then it is pending
-    (:mod:`fedsketch.client_state`). ``encode_many(updates, jobs, cfg)``, optional: ``encode`` for
-    each of a chunk of ``client-batching`` clients, computed together (:mod:`fedsketch.cohort`).
+    (:mod:`fedsketch.client.state`). ``encode_many(updates, jobs, cfg)``, optional: ``encode`` for
+    each of a chunk of ``client-batching`` clients, computed together (:mod:`fedsketch.client.cohort`).
     """
 
     encode: Encoder

@@ -16,7 +16,7 @@ remember it. Error feedback is per client, as in the paper: a client keeps
 ``e_i = M_i - P_hat Q_i^T``, what of its own corrected update ``M_i = g_i + e_i``
 was not transmitted; summed over a round's clients these are exactly the
 paper's ``M - M_hat``. Between the exchanges it holds ``M_i`` as its pending
-state (:mod:`fedsketch.client_state`); its new error counts only once it has
+state (:mod:`fedsketch.client.state`); its new error counts only once it has
 answered the second exchange of a round the server applied.
 """
 
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import momentum_sgd, powersgd
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.compress import derive_seed
 from fedsketch.methods.method import (
     Client,
@@ -47,8 +47,8 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.setting import Setting
-from fedsketch.task import model_shapes
+from fedsketch.model.build import model_shapes
+from fedsketch.settings.setting import Setting
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedsketch.aggregate import weighted_mean
 from fedsketch.algorithms import sketched_sgd
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.methods.fetchsgd import layout, round_config
 from fedsketch.methods.method import (
@@ -36,7 +36,7 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.setting import ConfigError, Setting
+from fedsketch.settings.setting import ConfigError, Setting
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

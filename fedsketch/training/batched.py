@@ -14,7 +14,7 @@ rounding (tests/test_batched.py); in float32 they differ by rounding only,
 which normalization over a few samples can amplify to about 1e-3 relative.
 Batch normalization in training mode normalizes each client's batch with its
 own statistics, as one client at a time does; its running statistics (not
-part of the uploaded vector, see :mod:`fedsketch.flat`) are not updated.
+part of the uploaded vector, see :mod:`fedsketch.model.flat`) are not updated.
 Clients are vectorized only with others of the same batch length, so no
 client's computation sees padding.
 
@@ -25,7 +25,7 @@ gradient on its own batch, and the SGD step updates the stack, ``local-steps``
 times. With local momentum (``client-momentum``, PyTorch's SGD: Sutskever et
 al., ICML 2013) the momentum buffers are stacked the same way, one row a
 client, and start from nothing in every call. Each client draws its batches
-from its own generator, step by step, as :func:`~fedsketch.local.local_update`
+from its own generator, step by step, as :func:`~fedsketch.training.local.local_update`
 does, so every client sees the same batches in the same order; in float64 its
 delta equals the one-at-a-time one to rounding (tests/test_batched_local.py,
 tests/test_client_momentum.py).
@@ -42,7 +42,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, replace_all_batch_norm_modules_, vmap
 from torch.nn import functional as F
 
-from fedsketch.local import LocalSpec, momentum_step, sample_batch
+from fedsketch.training.local import LocalSpec, momentum_step, sample_batch
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,12 @@ def per_client_local_training(
     model: nn.Module, weights: torch.Tensor, clients: list[LocalClient], spec: LocalSpec, max_clients: int
 ) -> list[tuple[torch.Tensor, float]]:
     """Each client's delta ``weights - w_end`` after ``spec.steps`` SGD steps (with ``spec.momentum``, momentum SGD:
-    :func:`~fedsketch.local.momentum_step`), and its mean loss over the steps.
+    :func:`~fedsketch.training.local.momentum_step`), and its mean loss over the steps.
 
-    The vectorized :func:`~fedsketch.local.local_update` in ``"delta"`` mode:
+    The vectorized :func:`~fedsketch.training.local.local_update` in ``"delta"`` mode:
     ``model`` is a :func:`functional_copy`; every step, each client draws a
     batch of ``min(len(x), spec.batch_size)`` samples with its own generator
-    (:func:`~fedsketch.local.sample_batch`), so a client's batch length is the
+    (:func:`~fedsketch.training.local.sample_batch`), so a client's batch length is the
     same at every step and clients are grouped by it, ``max_clients`` at a
     time. Deltas are in the model's dtype, in the order of ``clients``.
 
@@ -158,7 +158,7 @@ def _train_stacked(
 
 
 def _sgd(p: torch.Tensor, grad: torch.Tensor, spec: LocalSpec) -> torch.Tensor:
-    """The step of :func:`fedsketch.local._sgd_step`, written out of place: the same floats."""
+    """The step of :func:`fedsketch.training.local._sgd_step`, written out of place: the same floats."""
     if spec.weight_decay:
         return torch.add(p, grad + spec.weight_decay * p, alpha=-spec.lr)
     return torch.add(p, grad, alpha=-spec.lr)
@@ -182,7 +182,7 @@ def _groups(shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], max_clients: 
 
 
 def _unflatten(model: nn.Module, weights: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``weights`` as named parameter views, in :mod:`fedsketch.flat` order."""
+    """``weights`` as named parameter views, in :mod:`fedsketch.model.flat` order."""
     d = sum(p.numel() for p in model.parameters())
     if weights.dim() != 1 or weights.numel() != d:
         raise ValueError(f"flat vector has shape {tuple(weights.shape)}; the model needs ({d},)")

@@ -34,7 +34,7 @@ Normalization (``norm``, residual networks only; ``mlp`` and ``cnn`` have none):
   Decentralized Machine Learning", ICML 2020) show batch norm failing under such
   label skew and group norm recovering most of the accuracy.
 - Running means and variances are buffers, not parameters: gradients, sketches
-  and top-k updates carry parameters only (``fedsketch.flat``), so the server's
+  and top-k updates carry parameters only (``fedsketch.model.flat``), so the server's
   model never learns them and evaluates with its initial statistics.
 
 Group and layer norm normalize each sample on its own, behave identically in
@@ -47,7 +47,7 @@ Parameters are initialised inside a forked RNG seeded with ``seed``, so the same
 parameters in every process, without touching the global RNG.
 
 Your own model: ``name`` may be a reference ``package.module:function``
-(:mod:`fedsketch.entry`) to a builder called as ``function(input_shape,
+(:mod:`fedsketch.settings.entry`) to a builder called as ``function(input_shape,
 num_classes, seed)`` that returns a ``torch.nn.Module`` of float32 parameters;
 it runs inside the same seeded, forked RNG, so a builder that draws from
 torch's global RNG is deterministic in ``seed`` too (docs/data.md, "Your own
@@ -63,8 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsketch import entry
 from fedsketch.data import text
+from fedsketch.settings import entry
 
 MODELS = ("mlp", "cnn", "resnet9", "resnet18", "bag")
 NORMS = ("batch", "group", "layer", "none")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedsketch.flat import get_flat_grad, set_flat
+from fedsketch.model.flat import get_flat_grad, set_flat
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def momentum_step(
 
     PyTorch's ``torch.optim.SGD`` (dampening 0, no Nesterov; Sutskever et al., ICML 2013), as FedAvg's local
     training uses it (McMahan et al., AISTATS 2017): ``g = grad + wd * p``; ``b = g`` at the first step (``buf``
-    None), else ``b = momentum * b + g``; ``p - lr * b``. The vectorized path (:mod:`fedsketch.batched`) calls it
+    None), else ``b = momentum * b + g``; ``p - lr * b``. The vectorized path (:mod:`fedsketch.training.batched`) calls it
     on stacked tensors with a leading client dimension, so both paths compute the same floats.
     """
     g = grad + spec.weight_decay * p if spec.weight_decay else grad

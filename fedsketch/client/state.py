@@ -26,12 +26,15 @@ import os
 import shutil
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedsketch.config import RunConfig
-from fedsketch.runlog import run_dir
+from fedsketch.server.runlog import run_dir
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
 
 State = dict[str, torch.Tensor]
 

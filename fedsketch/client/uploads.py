@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedsketch.aggregate import weighted_mean
+from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.methods import get_method
 from fedsketch.methods.method import Payload, PayloadSpec
 
@@ -106,7 +106,7 @@ def mergeable(cfg: RunConfig) -> bool:
 
 def merge(payloads: list[Payload], weights: list[int], spec: PayloadSpec, device: torch.device) -> Payload:
     """The ``weights``-weighted mean of ``payloads``, array by array, added on ``device`` in the order given and
-    returned in each array's dtype (:func:`fedsketch.aggregate.weighted_mean`, the server's own mean)."""
+    returned in each array's dtype (:func:`fedsketch.algorithms.aggregate.weighted_mean`, the server's own mean)."""
     out = {}
     for name, (shape, dtype) in spec.items():
         like = torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, device=device)

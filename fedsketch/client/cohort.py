@@ -21,18 +21,19 @@ import torch
 from torch import nn
 
 from fedsketch import wire
-from fedsketch.batched import (
+from fedsketch.config import RunConfig
+from fedsketch.data.run import load_data
+from fedsketch.data.spec import FederatedData
+from fedsketch.methods import ClientJob, Payload, State, get_method
+from fedsketch.task import local_spec, make_model
+from fedsketch.training.batched import (
     ClientBatch,
     LocalClient,
     functional_copy,
     per_client_gradients,
     per_client_local_training,
 )
-from fedsketch.config import RunConfig
-from fedsketch.data.spec import FederatedData
-from fedsketch.local import LocalResult, client_generator, local_update, require_examples, sample_batch
-from fedsketch.methods import ClientJob, Payload, State, get_method
-from fedsketch.task import load_data, local_spec, make_model
+from fedsketch.training.local import LocalResult, client_generator, local_update, require_examples, sample_batch
 
 LOG = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def _scratch_model(cfg: RunConfig) -> nn.Module:
 
 
 def _vectorizable_model(cfg: RunConfig) -> nn.Module:
-    """The scratch model as :mod:`fedsketch.batched` runs it (batch norm without running statistics)."""
+    """The scratch model as :mod:`fedsketch.training.batched` runs it (batch norm without running statistics)."""
     return _per_thread("vectorizable", cfg, lambda: functional_copy(_scratch_model(cfg)))
 
 
@@ -190,10 +191,10 @@ def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, ser
 
 
 def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server_round: int) -> dict[int, _Local]:
-    """The clients' local results ``client-batching`` at a time (:mod:`fedsketch.batched`).
+    """The clients' local results ``client-batching`` at a time (:mod:`fedsketch.training.batched`).
 
     Each client samples its batches with its own generator, exactly as
-    :func:`~fedsketch.local.local_update` does. Should the vectorized call
+    :func:`~fedsketch.training.local.local_update` does. Should the vectorized call
     fail, every client is computed on its own (with a fresh generator), so a
     failure stays with the client that caused it. Each client is charged an
     equal share of the call.

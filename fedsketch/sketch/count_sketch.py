@@ -10,7 +10,7 @@ and error in sketch space, and recovers the heavy coordinates with
 :meth:`CountSketch.heavy_hitters` (Sketched-SGD's HEAVYMIX test).
 
 The hash functions are a pure function of ``(seed, d, rows, cols)``
-(:mod:`fedsketch._hashing`): every party derives them from the seed in the
+(:mod:`fedsketch.sketch.hashing`): every party derives them from the seed in the
 round's config, and none travel on the wire. They are evaluated chunk by chunk,
 so memory is ``O(rows * (cols + 2**15))`` whatever d is. Why the family is
 sound, and measured speed: docs/sketch.md.
@@ -23,9 +23,9 @@ from typing import Self
 
 import torch
 
-from fedsketch._estimates import estimate_at, estimate_blocks, median_of_rows, sample_threshold, survivors
-from fedsketch._hashing import TabulationHash, accumulate_dense, pieces
-from fedsketch.sketch_checks import DTYPES, check_indices, check_table, check_vector, sketch_shape
+from fedsketch.sketch.checks import DTYPES, check_indices, check_table, check_vector, sketch_shape
+from fedsketch.sketch.estimates import estimate_at, estimate_blocks, median_of_rows, sample_threshold, survivors
+from fedsketch.sketch.hashing import TabulationHash, accumulate_dense, pieces
 
 
 class CountSketch:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fedsketch.books import Books
     from fedsketch.config import RunConfig
+    from fedsketch.server.books import Books
 
 ROUNDS = "rounds.jsonl"
 STATUS = "status.json"
@@ -38,7 +38,7 @@ POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
 CHECKPOINT = "checkpoint.pt"
-"""A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.checkpoint`)."""
+"""A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.server.checkpoint`)."""
 
 
 class RunSpec(Protocol):

@@ -9,7 +9,7 @@ table of one chunk (``C = min(2**15, cols)``) and ``T_r``, ``u_r`` come from
 4-wise independent cubic polynomials mod ``2**31 - 1`` (Wegman and Carter
 1981). Every parameter is a pure function of ``(seed, d, rows, cols)``, drawn
 with SplitMix64. Why this keeps Count Sketch's guarantees, and why this shape
-is fast: docs/sketch.md. Estimates read back from a table: :mod:`fedsketch._estimates`.
+is fast: docs/sketch.md. Estimates read back from a table: :mod:`fedsketch.sketch.estimates`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The checks a Count Sketch makes of what it is given: sizes, seeds, tables, vectors and indices.
 
-:class:`fedsketch.sketch.CountSketch` (FetchSGD, Rothchild et al., ICML 2020)
+:class:`fedsketch.sketch.count_sketch.CountSketch` (FetchSGD, Rothchild et al., ICML 2020)
 validates every argument before it touches its table: a bad one is refused
 with one error that names it, never cast or clipped silently.
 """
@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from fedsketch._hashing import MAX_COLS, SERIAL_OP
+from fedsketch.sketch.hashing import MAX_COLS, SERIAL_OP
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -4,7 +4,7 @@ FetchSGD's clients (Rothchild et al., ICML 2020) each upload the Count Sketch of
 ``client-batching`` a node holds a chunk of clients' gradients at once, and on a GPU sketching them one
 at a time costs a hash and a few kernel launches per block per client. Here every block's buckets and
 signs are computed once and added for all the vectors in one ``index_add_``. The hash functions are
-:mod:`fedsketch._hashing`'s, so each table equals :class:`fedsketch.sketch.CountSketch`'s up to the order of
+:mod:`fedsketch.sketch.hashing`'s, so each table equals :class:`fedsketch.sketch.count_sketch.CountSketch`'s up to the order of
 float additions (tests/test_sketch_tables.py); what it bought on a GPU: docs/simulation.md.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from fedsketch._hashing import HASH_SPAN, TabulationHash
-from fedsketch.sketch_checks import check_finite, sketch_shape
+from fedsketch.sketch.checks import check_finite, sketch_shape
+from fedsketch.sketch.hashing import HASH_SPAN, TabulationHash
 
 
 def sketch_tables(vecs: torch.Tensor, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -27,7 +27,7 @@ def sketch_tables(vecs: torch.Tensor, rows: int, cols: int, seed: int) -> torch.
     ------
     ValueError
         If ``vecs`` is not a 2-D floating-point tensor, or holds NaN or Inf; and what
-        :func:`fedsketch.sketch_checks.sketch_shape` raises for the shape and seed.
+        :func:`fedsketch.sketch.checks.sketch_shape` raises for the shape and seed.
     """
     if not isinstance(vecs, torch.Tensor) or vecs.dim() != 2 or not vecs.is_floating_point():
         raise ValueError(f"vecs must be a 2-D floating-point tensor; got {getattr(vecs, 'shape', type(vecs))}")

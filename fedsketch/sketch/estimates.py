@@ -6,7 +6,7 @@ FetchSGD (Rothchild et al., ICML 2020) and Sketched-SGD (Ivkin et al., NeurIPS
 Here are that median (min/max networks for 3 and 5 rows), the estimates of
 given coordinates or of all d block by block, the coordinates whose estimate
 clears a bar (the candidates of top-k and of the heavy-hitter test), and the
-bar top-k starts from, over the hash functions of :mod:`fedsketch._hashing`.
+bar top-k starts from, over the hash functions of :mod:`fedsketch.sketch.hashing`.
 Why the windows make this fast: docs/sketch.md.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsketch._hashing import TabulationHash, chunk_hashes, pieces, work_dtype
+from fedsketch.sketch.hashing import TabulationHash, chunk_hashes, pieces, work_dtype
 
 
 def median_of_rows(values: torch.Tensor) -> torch.Tensor:

@@ -30,20 +30,22 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from fedsketch import runlog
-from fedsketch.books import Books
-from fedsketch.config import RunConfig
-from fedsketch.download import DownloadLedger
+from fedsketch.server import runlog
+from fedsketch.server.books import Books
+from fedsketch.server.download import DownloadLedger
+
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
 
 FILE = runlog.CHECKPOINT
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
-VERSION = 2  # 2: the books are one dataclass (fedsketch.books)
+VERSION = 2  # 2: the books are one dataclass (fedsketch.server.books)
 RUNTIME_KEYS = (
     "out-dir",
     "checkpoint-every",
@@ -68,7 +70,7 @@ class Checkpoint:
     round: int
     weights: torch.Tensor
     state: Any  # the method's state as plain containers of tensors (see :func:`state_to_tree`)
-    books: dict[str, Any]  # the run's books (:class:`fedsketch.books.Books`) as plain values
+    books: dict[str, Any]  # the run's books (:class:`fedsketch.server.books.Books`) as plain values
     noise: torch.Tensor  # the DP noise generator's state
     rng: dict[str, Any]  # the global generators (see :func:`capture_rng`)
     logs: dict[str, int]  # byte size of each of LOGS when the checkpoint was taken
