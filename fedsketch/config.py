@@ -7,7 +7,7 @@ kebab-case (``sketch-cols``), exactly as in ``[tool.flwr.app.config]`` of
 ``pyproject.toml`` and in experiment files. Parsing rejects unknown keys, wrong
 types and values out of range with a message that names the key, before any
 training starts (:mod:`fedsketch.validate`). docs/settings.md is generated
-from the fields' docs (``python -m experiments.tools.settings_doc``).
+from the fields' docs (``python -m tests.tools.settings_doc``).
 """
 
 from __future__ import annotations

@@ -103,12 +103,6 @@ def schedule_for(grid: object) -> PollSchedule:
     return DEPLOYMENT
 
 
-def clock_of(grid: object) -> Clock:
-    """The grid's own clock if it keeps one (``experiments/running/inprocess_grid.py``), else the wall's."""
-    clock = getattr(grid, "clock", None)
-    return clock if isinstance(clock, Clock) else WALL_CLOCK
-
-
 def send_and_receive(
     grid: PushPull,
     messages: Iterable[Message],
@@ -122,7 +116,7 @@ def send_and_receive(
     a message Flower could not push (its id ``None`` or empty) is not waited for.
     """
     schedule = schedule if schedule is not None else schedule_for(grid)
-    clock = clock if clock is not None else clock_of(grid)
+    clock = clock if clock is not None else WALL_CLOCK
     missing = {mid for mid in grid.push_messages(list(messages)) if mid}
     deadline = None if timeout is None else clock.now() + timeout
     replies: list[Message] = []

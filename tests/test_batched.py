@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data.run import load_data
@@ -105,7 +106,7 @@ def test_a_run_with_client_batching_matches_one_client_at_a_time(tmp_path: Path)
         cfg = RunConfig.from_mapping({**SETTINGS, "client-batching": batching})
         out = tmp_path / str(batching)
         with task_identity():
-            build_strategy(cfg, out).start(InProcessGrid(cfg.to_mapping(), num_nodes=2))
+            build_strategy(cfg, out).start(TestGrid(cfg.to_mapping(), num_nodes=2))
         rows[batching] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows[0]) == SETTINGS["num-rounds"]
     for a, b in zip(rows[0], rows[4], strict=True):

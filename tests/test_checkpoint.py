@@ -12,7 +12,8 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.server import checkpoint
 from fedsketch.server.checkpoint import CheckpointError
@@ -49,7 +50,7 @@ def run(cfg: RunConfig, out: Path, crash_in_round: int | None = None, noise_seed
     fixed = torch.Generator().manual_seed(noise_seed)  # DP runs draw secret noise; fix it to compare two runs
     strat.values = replace(strat.values, noise=fixed.get_state())
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), tamper=tamper))
+        strat.start(TestGrid(cfg.to_mapping(), tamper=tamper))
     return strat
 
 
@@ -97,7 +98,7 @@ def test_a_corrupt_checkpoint_is_refused_and_nothing_is_loaded(tmp_path: Path) -
         strat = build_strategy(cfg, tmp_path)
         before = strat.weights.clone()
         with pytest.raises(CheckpointError, match=message), task_identity():
-            strat.start(InProcessGrid(cfg.to_mapping()))
+            strat.start(TestGrid(cfg.to_mapping()))
         assert torch.equal(strat.weights, before)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.client.state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from strategies.server_app import build_strategy
@@ -26,10 +27,10 @@ SETTINGS = {
 FLOWER_RUN_ID = 1  # the run id InProcessGrid's contexts carry
 
 
-def run(out: Path, settings: dict[str, Any]) -> tuple[list[dict[str, Any]], torch.Tensor, InProcessGrid]:
+def run(out: Path, settings: dict[str, Any]) -> tuple[list[dict[str, Any]], torch.Tensor, TestGrid]:
     cfg = RunConfig.from_mapping({**SETTINGS, **settings, "out-dir": str(out)})
     strat = build_strategy(cfg, out / "metrics")
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     with task_identity():
         strat.start(grid)
     rows = [json.loads(line) for line in (out / "metrics" / "metrics.jsonl").read_text().splitlines()]

@@ -18,7 +18,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import METHODS
@@ -115,7 +116,7 @@ def _next_upload(name: str, fault: str | None, leave_out: bool) -> Payload:
 
     strat = build_strategy(cfg, None)
     with task_identity():
-        strat.start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
+        strat.start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
     assert "up" in captured, f"client {cid} uploaded nothing in round {r2}"
     return captured["up"]
 
@@ -156,5 +157,5 @@ def test_the_next_request_says_whether_the_last_upload_was_applied(skipped: bool
 
     strat = build_strategy(cfg, None)
     with task_identity():
-        strat.start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
+        strat.start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
     assert len(told) == 1 and (told[0] != r1 if skipped else told[0] == r1)

@@ -19,7 +19,8 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
@@ -56,7 +57,7 @@ def run(tmp_path: Path, settings: dict[str, Any], nodes: int) -> tuple[list[dict
         return replies
 
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes, tamper=watch, shuffle_seed=nodes))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=nodes, tamper=watch, shuffle_seed=nodes))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], strat.weights, widest
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
@@ -32,7 +33,7 @@ SENT = ("download_sent_bytes", "cum_download_sent_bytes")  # one model per messa
 def run(cfg: RunConfig, out: Path, nodes: int, shuffle: int | None) -> tuple[FedSketchStrategy, list[dict[str, Any]]]:
     strat = build_strategy(cfg, out)
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes, shuffle_seed=shuffle))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=nodes, shuffle_seed=shuffle))
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return strat, [{k: v for k, v in json.loads(line).items() if k not in CLOCK} for line in lines]
 

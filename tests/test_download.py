@@ -13,7 +13,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
 from bridge.messages import payload_to_record, wire_bytes
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model
@@ -101,7 +102,7 @@ def _run(
         return replies
 
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=watch))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=watch))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return rows, sent
 
@@ -175,13 +176,13 @@ DEVICES = {
 
 def _devices(
     download_mode: str, deliver: Any = None, from_init: bool = False
-) -> tuple[Any, list[dict[str, Any]], InProcessGrid]:
+) -> tuple[Any, list[dict[str, Any]], TestGrid]:
     """Four devices, two a round (each skips rounds), one client each: the strategy, its rows and the grid.
 
     ``deliver(grid, message)``, if given, may change a request as its device receives it.
     """
     cfg = RunConfig.from_mapping({**DEVICES, "download": download_mode, "download-from-init": from_init})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=4)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=4)
     if deliver is not None:
         grid.deliver = lambda msg: deliver(grid, msg)
     strat = build_strategy(cfg, None)
@@ -204,7 +205,7 @@ def test_a_device_that_kept_its_model_is_sent_only_the_catch_up_and_trains_on_th
 def test_a_device_that_lost_its_model_fails_once_then_gets_the_whole_model() -> None:
     lost: list[int] = []
 
-    def forget(grid: InProcessGrid, msg: Message) -> Message:
+    def forget(grid: TestGrid, msg: Message) -> Message:
         if wire.CATCH_UP_KEY in msg.content.array_records and not lost:  # the device restarted, its state gone
             lost.append(msg.metadata.dst_node_id)
             del grid.contexts[msg.metadata.dst_node_id].state["kept-model"]
@@ -217,7 +218,7 @@ def test_a_device_that_lost_its_model_fails_once_then_gets_the_whole_model() -> 
 def test_a_device_that_trained_on_another_model_is_rejected() -> None:
     bent: list[int] = []
 
-    def bend(grid: InProcessGrid, msg: Message) -> Message:
+    def bend(grid: TestGrid, msg: Message) -> Message:
         if wire.CATCH_UP_KEY in msg.content.array_records and not bent:
             record = msg.content.array_records[wire.CATCH_UP_KEY]
             values = record["val"].numpy().copy()
@@ -288,7 +289,7 @@ def test_from_init_a_new_device_rebuilds_the_initial_model_and_trains_on_the_ver
 def test_from_init_a_device_with_another_initial_model_is_rejected_once_then_gets_the_whole_model() -> None:
     bent: list[int] = []
 
-    def bend(grid: InProcessGrid, msg: Message) -> Message:
+    def bend(grid: TestGrid, msg: Message) -> Message:
         if int(msg.content.config_records[wire.CONFIG_KEY].get(wire.BASE_ROUND, 0)) == download.INITIAL and not bent:
             record = msg.content.array_records[wire.CATCH_UP_KEY]  # the device's build differs at one coordinate
             msg.content[wire.CATCH_UP_KEY] = ArrayRecord(

@@ -13,7 +13,8 @@ from flwr.app import Array, ConfigRecord, Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from experiments.analysis.results import failed_replies
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData
@@ -59,7 +60,7 @@ def test_failures_are_counted_per_round_and_a_short_round_is_not_applied(tmp_pat
     strat = build_strategy(cfg, tmp_path)
     started = time.time()
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     # each round's end, before its evaluation (a metrics row stamps the evaluation's end)
@@ -97,7 +98,7 @@ def test_a_real_client_exception_is_its_own_failure_only(tmp_path: Path, monkeyp
     monkeypatch.setattr(FederatedData, "client_data", client_data)
     strat = build_strategy(cfg, tmp_path)
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2))
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert (row["clients"], row["client_errors"], row["skipped_rounds"]) == (5, 1, 0)
     (line,) = (tmp_path / "rounds.jsonl").read_text().splitlines()
@@ -125,7 +126,7 @@ def test_a_node_that_left_is_its_own_client_error_not_a_timeout(
 
     strat = build_strategy(cfg, tmp_path)
     with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=node_left))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=node_left))
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     lost = 1 if assignment == "node" else 3  # node 101's clients
     assert (row["clients"], row["client_errors"], row["timeouts"]) == (cfg.clients_per_round - lost, lost, 0)

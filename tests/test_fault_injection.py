@@ -1,4 +1,4 @@
-"""The fault-injection list still describes the code (``experiments/tools/fault_injection.py``).
+"""The fault-injection list still describes the code (``tests/tools/fault_injection.py``).
 
 Each fault is an exact snippet of today's code and its broken replacement; a
 refactor that moves or rewrites a snippet must update the list, or the script
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from experiments.tools.fault_injection import FAULTS, Fault, FaultListError, apply, check_list, copy_tracked
+from tests.tools.fault_injection import FAULTS, Fault, FaultListError, apply, check_list, copy_tracked
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_snippet_matches_the_code_exactly_once() -> None:
     problems = check_list(FAULTS)
-    assert not problems, "update experiments/tools/fault_injection.py:\n" + "\n".join(problems)
+    assert not problems, "update tests/tools/fault_injection.py:\n" + "\n".join(problems)
 
 
 def test_the_issue_s_faults_are_all_listed() -> None:

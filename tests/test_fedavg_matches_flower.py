@@ -22,7 +22,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.data.run import load_data
 from fedsketch.model.flat import set_flat
@@ -91,7 +92,7 @@ def flower_fedavg(cfg: RunConfig, w0: torch.Tensor) -> tuple[list[tuple[float, f
         return MetricRecord({"accuracy": acc, "loss": loss})
 
     strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=NODES, min_available_nodes=NODES)
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=NODES, app=model_returning_app(cfg))
+    grid = TestGrid(cfg.to_mapping(), num_nodes=NODES, app=model_returning_app(cfg))
     with task_identity():
         result = strategy.start(
             grid=grid,  # type: ignore[arg-type]
@@ -107,7 +108,7 @@ def test_fedavg_matches_flowers_fedavg_round_for_round(tmp_path: Path) -> None:
     strat = build_strategy(CFG, tmp_path)
     w0 = strat.weights.clone()
     with task_identity():
-        strat.start(InProcessGrid(CFG.to_mapping(), num_nodes=2))
+        strat.start(TestGrid(CFG.to_mapping(), num_nodes=2))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients"] for r in rows] == [NODES] * CFG.num_rounds  # every client, every round, as FedAvg here
 

@@ -28,7 +28,8 @@ from experiments.running.forecast import (
     sketch_note,
     table,
 )
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES
@@ -210,7 +211,7 @@ def _round_1_as_a_run_writes_it(cfg: RunConfig) -> dict[str, Any]:
     """
     path = runlog.run_dir(cfg)
     with task_identity():
-        build_strategy(cfg, path).start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2)))
+        build_strategy(cfg, path).start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2)))
     rows = runlog.read_metrics(path)
     assert rows[0]["round"] == 1
     return rows[0]

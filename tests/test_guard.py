@@ -13,7 +13,8 @@ import torch
 from flwr.app import ConfigRecord
 
 from bridge.messages import model_record
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate
 from fedsketch.methods.method import payload_norm
@@ -28,7 +29,7 @@ def one_round(settings: dict[str, object], boost: float = 1.0) -> tuple[torch.Te
     """Weights change and strategy after one round in which client replies are scaled by ``boost``."""
     cfg = RunConfig.from_mapping({**TINY, **settings})
     strat = build_strategy(cfg, None)
-    grid = InProcessGrid(cfg.to_mapping())
+    grid = TestGrid(cfg.to_mapping())
     w0 = strat.weights.clone()
     with task_identity():
         replies = grid.send_and_receive(strat.configure_train(1, model_record(w0.numpy()), ConfigRecord(), grid))
@@ -98,7 +99,7 @@ def test_dp_fetchsgd_reports_its_budget_every_row(tmp_path: Path) -> None:
     )
     strat = build_strategy(cfg, tmp_path)
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping()))
+        strat.start(TestGrid(cfg.to_mapping()))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     eps = [row["dp_epsilon"] for row in rows]
     assert [row["dp_rounds"] for row in rows] == [1, 2, 3]

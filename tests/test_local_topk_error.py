@@ -25,7 +25,8 @@ from method_helpers import encode
 
 from bridge.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.client.state import state_root
 from fedsketch.compress.topk import decompress
@@ -70,10 +71,10 @@ class Seen:
         return replies
 
 
-def run(out: Path, error: str, **settings: Any) -> tuple[RunConfig, Seen, InProcessGrid]:
+def run(out: Path, error: str, **settings: Any) -> tuple[RunConfig, Seen, TestGrid]:
     cfg = RunConfig.from_mapping({**SETTINGS, "local-topk-error": error, "out-dir": str(out), **settings})
     seen = Seen()
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=seen)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2, tamper=seen)
     with task_identity():
         build_strategy(cfg, out / "metrics").start(cast(Grid, grid))
     assert sorted(seen.uploads) == [(r, c) for r in (1, 2) for c in range(CLIENTS)]
@@ -101,7 +102,7 @@ def decoded(seen: Seen, rnd: int, cid: int, d: int) -> torch.Tensor:
     return decompress(seen.uploads[rnd, cid], d)
 
 
-def kept_anything(grid: InProcessGrid) -> bool:
+def kept_anything(grid: TestGrid) -> bool:
     return any(wire.state_key(cid) in ctx.state for ctx in grid.contexts.values() for cid in range(CLIENTS))
 
 

@@ -17,7 +17,8 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from bridge.messages import payload_bytes, payload_to_record, wire_bytes
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.client.uploads import merge, mergeable
 from fedsketch.config import RunConfig
@@ -70,7 +71,7 @@ def test_payload_bytes_is_the_serialized_record(payload: dict[str, np.ndarray]) 
 
 def _run(cfg: RunConfig, rounds: int) -> FedSketchStrategy:
     strat = build_strategy(cfg, None)
-    grid = cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2))
+    grid = cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2))
     with task_identity():
         for rnd in range(1, rounds + 1):
             strat.run_round(rnd, grid, ConfigRecord())

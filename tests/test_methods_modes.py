@@ -26,7 +26,8 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES
@@ -66,7 +67,7 @@ def run(name: str, mode: str, out: Path) -> tuple[list[dict[str, Any]], list[dic
         return replies
 
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes, tamper=watch))  # type: ignore[arg-type]
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=nodes, tamper=watch))  # type: ignore[arg-type]
     folder = out / f"{name}-{mode}"
     return _lines(folder / "metrics.jsonl"), _lines(folder / "rounds.jsonl"), sent, strat.weights
 

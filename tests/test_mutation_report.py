@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.tools import mutation_report as mr
+from tests.tools import mutation_report as mr
 
 LISTED = """
 [equivalent]

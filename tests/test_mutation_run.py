@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.tools import mutation_run as mr
+from tests.tools import mutation_run as mr
 
 ROOT = Path(__file__).resolve().parents[1]
 

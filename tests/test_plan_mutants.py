@@ -19,7 +19,7 @@ from typing import cast
 import pytest
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import InProcessGrid
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
@@ -29,10 +29,10 @@ NODES = [101, 102, 103]
 
 
 def grid_of(cfg: RunConfig, nodes: int) -> Grid:
-    return cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
+    return cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=nodes))
 
 
-class Connecting(InProcessGrid):
+class Connecting(TestGrid):
     """A federation whose nodes connect one per look: the first look sees one node, the next two, and so on."""
 
     def __init__(self, run_config: dict[str, object], num_nodes: int) -> None:

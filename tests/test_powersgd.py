@@ -18,7 +18,8 @@ from method_helpers import encode
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook
 from torch.nn import functional as F
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import powersgd
 from fedsketch.config import RunConfig
@@ -161,7 +162,7 @@ def test_a_node_the_server_has_not_heard_from_gets_the_current_warm_start() -> N
 
     strat = build_strategy(cfg, None)
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=4, tamper=watch))  # type: ignore[arg-type]
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=4, tamper=watch))  # type: ignore[arg-type]
     keys, qs = [], []
     for msg in sent:
         (key,) = [k for k in msg.content.array_records if wire.request_cid(k) is not None]

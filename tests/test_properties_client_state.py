@@ -18,7 +18,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.client import state as client_state
 from fedsketch.config import RunConfig
@@ -77,7 +78,7 @@ def _upload_after(name: str, nth: int, leave_out: bool) -> Payload:
 
     strat = build_strategy(cfg, None)
     with task_identity():
-        strat.start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
+        strat.start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper, deliver=deliver)))
     assert "up" in captured and strat.books.applied.get(cid) != faulty
     return captured["up"]
 

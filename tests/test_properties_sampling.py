@@ -16,7 +16,7 @@ from typing import cast
 
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import InProcessGrid
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies import plan
 
@@ -25,7 +25,7 @@ N, M, ROUNDS = 20, 5, 2000
 
 def cohorts(cfg: RunConfig, rounds: range, nodes: int = 2) -> dict[int, tuple[int, ...]]:
     """Each round's sampled clients (cohort mode: logical ids; node mode: node ids), as the strategy samples them."""
-    grid = cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
+    grid = cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=nodes))
     out = {}
     for rnd in rounds:
         sent, _ = plan.assign(cfg, rnd, grid, {}, stateful=False)

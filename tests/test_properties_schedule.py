@@ -17,7 +17,8 @@ import pytest
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.schedule import SCHEDULES, lr_at
@@ -78,7 +79,7 @@ def test_the_rates_the_clients_receive_are_the_schedules_round_by_round() -> Non
 
     strat = build_strategy(cfg, None)
     with task_identity():
-        strat.start(cast(Grid, InProcessGrid(cfg.to_mapping(), num_nodes=2, deliver=deliver)))
+        strat.start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2, deliver=deliver)))
     assert seen == pytest.approx({1: BASE, 2: 0.75 * BASE, 3: 0.5 * BASE, 4: 0.25 * BASE}, rel=1e-12)
 
 

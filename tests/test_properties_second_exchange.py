@@ -22,7 +22,8 @@ from test_client_state_exact import TINY, _drop, _round
 from test_properties_client_state import _participations
 
 from clients.client_app import ContextStates
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.client import state as client_state
@@ -42,7 +43,7 @@ def _run(name: str, lose: bool) -> dict[str, object]:
     cid, rounds = _participations(RunConfig.from_mapping({**TINY, "strategy": name}), 10)
     lost, after = rounds[1], rounds[2]
     cfg = RunConfig.from_mapping({**TINY, "num-rounds": after, "eval-every": after, "strategy": name})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     seen: dict[str, object] = {}
 
     def stored() -> client_state.State:

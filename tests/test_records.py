@@ -20,7 +20,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from bridge.messages import model_record, payload_to_record, records_of, typed_record
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 
@@ -88,7 +89,7 @@ def test_a_rounds_requests_and_replies_are_freed_when_the_round_is_done(
     strategy: str, no_cyclic_collector: None
 ) -> None:
     cfg = RunConfig.from_mapping({**TINY, "strategy": strategy})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     strat = build_strategy(cfg, None)
     with task_identity():
         requests = list(strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid))
@@ -105,7 +106,7 @@ def test_a_rounds_requests_and_replies_are_freed_when_the_round_is_done(
 def test_the_strategy_takes_each_clients_arrays_out_of_its_reply_as_it_reads_them(strategy: str) -> None:
     """The caller keeps a round's replies until the round ends; their arrays (a copy is decoded) need not stay."""
     cfg = RunConfig.from_mapping({**TINY, "strategy": strategy})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     strat = build_strategy(cfg, None)
     with task_identity():
         requests = list(strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid))

@@ -17,7 +17,7 @@ import torch
 from method_helpers import encode
 
 from experiments.running.sweep import SWEEP_KEYS
-from experiments.tools.settings_doc import main as settings_doc
+from tests.tools.settings_doc import main as settings_doc
 from fedsketch.config import DECLARED, RunConfig, field_keys
 from fedsketch.data.run import load_data
 from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
@@ -98,7 +98,7 @@ def _checked(layout: Layout, payload: Payload) -> object:
 
 def test_pyproject_and_the_settings_page_list_every_declared_setting() -> None:
     assert settings_doc(["--check"]) == 0, (
-        "docs/settings.md is out of date: run python -m experiments.tools.settings_doc"
+        "docs/settings.md is out of date: run python -m tests.tools.settings_doc"
     )
     text = (ROOT / "pyproject.toml").read_text()
     for key in DECLARED:

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.messages import copy_content, model_record
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES as STRATEGIES
@@ -50,7 +51,7 @@ class Honest:
     """One strategy's config, grid (whose nodes keep client state) and honest round-1 replies."""
 
     cfg: RunConfig
-    grid: InProcessGrid
+    grid: TestGrid
     replies: list[Message]
     sent: dict[int, list[int]]
     echo: dict[str, Any]
@@ -59,7 +60,7 @@ class Honest:
 @cache
 def honest(name: str) -> Honest:
     cfg = RunConfig.from_mapping({**TINY, "strategy": name})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     strat = build_strategy(cfg, None)
     with task_identity():
         requests = strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid)
@@ -377,7 +378,7 @@ def test_every_corruption_is_refused(name: str, which: int) -> None:
 def test_a_node_that_names_a_client_not_its_own_is_refused() -> None:
     """One client per node: a node names its client; out of range, several, or taken ids are refused."""
     cfg = RunConfig.from_mapping({**TINY, "client-assignment": "node", "clients-per-round": 2})
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=3)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=3)
     strat = build_strategy(cfg, None)
     with task_identity():
         requests = strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid)

@@ -26,7 +26,8 @@ from experiments.analysis.report import write_report
 from experiments.analysis.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
 from experiments.cli import main as fedsketch_main
 from experiments.running import runner
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.server import runlog
 from strategies.server_app import build_strategy
@@ -70,7 +71,7 @@ def _in_process(cfg: RunConfig, path: Path) -> int:
     assert read_back == cfg
     strategy = build_strategy(read_back, runlog.run_dir(read_back))
     with task_identity():
-        strategy.start(cast(Grid, InProcessGrid(read_back.to_mapping(), num_nodes=2)))  # the part of Grid used
+        strategy.start(cast(Grid, TestGrid(read_back.to_mapping(), num_nodes=2)))  # the part of Grid used
     return 0
 
 

@@ -1,6 +1,6 @@
 """docs/architecture.md's list of the files one FetchSGD round passes through is the traced one.
 
-:mod:`experiments.tools.round_files` runs the default job's FetchSGD through a
+:mod:`tests.tools.round_files` runs the default job's FetchSGD through a
 real Flower simulation and records every product function called during round
 2; the architecture page's table must name exactly those files, and its count
 must be their number.
@@ -34,7 +34,7 @@ def documented() -> tuple[set[str], int]:
 
 def run_tool(*settings: str) -> subprocess.CompletedProcess[str]:
     """The tool, in a fresh process, on the CPU (the page's round) with ``settings`` on top."""
-    command = [sys.executable, "-m", "experiments.tools.round_files", "--json", "--set", "device=cpu", *settings]
+    command = [sys.executable, "-m", "tests.tools.round_files", "--json", "--set", "device=cpu", *settings]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 

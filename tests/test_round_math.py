@@ -23,7 +23,8 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from bridge.messages import record_to_payload, wire_bytes
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd
 from fedsketch.compress.sparse import decode_support
@@ -82,7 +83,7 @@ def runs() -> dict[str, Run]:
         cfg = RunConfig.from_mapping({**SETTINGS, "strategy": strategy})
         strat, recorder = build_strategy(cfg, None), Recorder()
         with task_identity():
-            strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
+            strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
         out[strategy] = (strat, cfg, recorder)
     return out
 

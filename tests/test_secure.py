@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import checked_mean, quantization_error
@@ -42,7 +43,7 @@ def one_round(cfg: RunConfig, out: Path, nodes: int) -> tuple[FedSketchStrategy,
 
     strat.method = dataclasses.replace(strat.method, server=dataclasses.replace(strat.method.server, step=recording))
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=nodes))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=nodes))
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return strat, seen, row
 
@@ -96,7 +97,7 @@ def test_a_round_the_protocol_cannot_run_is_not_applied_and_says_why(tmp_path: P
     strat = build_strategy(cfg, tmp_path)
     before = strat.weights.clone()
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=1))
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=1))
     (line,) = (tmp_path / "rounds.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert not record["applied"] and "protocol halted" in record["reason"] and record["clients"] == 0

@@ -13,7 +13,7 @@ from flwr.superlink.grid import InMemoryGrid
 from experiments.cli import main
 from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
 from experiments.flower.superlink_run import connection_toml
-from experiments.running.inprocess_grid import InProcessGrid
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner
 
@@ -28,7 +28,7 @@ def test_simulation_grid_polls_for_replies_at_the_configured_interval() -> None:
 
 
 def test_other_grids_are_left_alone() -> None:
-    grid = InProcessGrid(RunConfig().to_mapping(), num_nodes=1)
+    grid = TestGrid(RunConfig().to_mapping(), num_nodes=1)
     before = vars(grid).copy()
     poll_replies_sooner(grid, 0.005)  # type: ignore[arg-type]
     assert vars(grid) == before

@@ -19,7 +19,8 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
 from strategies.server_app import build_strategy
@@ -29,7 +30,7 @@ from strategies.values import ServerValues
 BASE = {"num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 30, "num-rounds": 3, "eval-every": 1}
 
 
-def one_round(strat: FedSketchStrategy, grid: InProcessGrid, server_round: int) -> None:
+def one_round(strat: FedSketchStrategy, grid: TestGrid, server_round: int) -> None:
     """What :meth:`FedSketchStrategy.start` does for one round: the round, then its metrics row."""
     strat.run_round(server_round, cast(Grid, grid), ConfigRecord())
     strat.log_row(server_round, 0.0)
@@ -70,7 +71,7 @@ def test_a_round_replaces_the_server_values_and_leaves_the_ones_it_was_given_as_
 ) -> None:
     cfg = RunConfig.from_mapping({**BASE, **settings})
     strat = build_strategy(cfg, None)
-    grid = InProcessGrid(cfg.to_mapping(), num_nodes=2)
+    grid = TestGrid(cfg.to_mapping(), num_nodes=2)
     with task_identity():
         one_round(strat, grid, 1)
         before: ServerValues = strat.values

@@ -24,7 +24,8 @@ from flwr.app import Message
 
 from bridge.messages import payload_to_record, wire_bytes
 from experiments.analysis.plots_fidelity import FIGURE, plot_fidelity
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig
@@ -52,7 +53,7 @@ def run(out: Path, settings: dict[str, Any], tamper: Any = None) -> tuple[FedSke
     strat = build_strategy(cfg, out)
     assert strat.cfg.strategy == "fetchsgd"
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))  # type: ignore[arg-type]
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=tamper))  # type: ignore[arg-type]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return strat, rows
 

@@ -20,7 +20,8 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from bridge.messages import model_record
-from experiments.running.inprocess_grid import InProcessGrid, task_identity
+from experiments.running.inprocess_grid import task_identity
+from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies import waiting
 from strategies.server_app import build_strategy, poll_replies_sooner
@@ -39,14 +40,14 @@ TINY = {
 EXACT = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=0.25)  # powers of two: the clock's sums are exact
 
 
-def _requests(grid: InProcessGrid) -> list[Message]:
+def _requests(grid: TestGrid) -> list[Message]:
     cfg = RunConfig.from_mapping(TINY)
     strat = build_strategy(cfg, None)
     return list(strat.configure_train(1, model_record(strat.weights.numpy()), ConfigRecord(), grid))
 
 
-def _grid(**kwargs: object) -> InProcessGrid:
-    return InProcessGrid(RunConfig.from_mapping(TINY).to_mapping(), num_nodes=2, **kwargs)  # type: ignore[arg-type]
+def _grid(**kwargs: object) -> TestGrid:
+    return TestGrid(RunConfig.from_mapping(TINY).to_mapping(), num_nodes=2, **kwargs)  # type: ignore[arg-type]
 
 
 def test_the_schedule_starts_soon_grows_by_its_factor_and_stops_at_its_cap() -> None:
@@ -118,14 +119,13 @@ def test_simulation_keeps_its_fixed_interval_and_other_grids_back_off() -> None:
     poll_replies_sooner(sim, RunConfig().reply_poll_s)
     assert waiting.schedule_for(sim) == PollSchedule(0.005, 1.0, 0.005)  # never a wait beyond reply-poll-s
     assert waiting.schedule_for(_grid()) == DEPLOYMENT
-    assert waiting.clock_of(sim) is WALL_CLOCK
 
 
 def test_late_replies_are_all_returned_and_the_schedule_restarts_when_replies_come() -> None:
     grid = _grid(late={101: 1, 102: 6})
     with task_identity():
         requests = _requests(grid)
-        replies = waiting.send_and_receive(grid, requests, timeout=60.0, schedule=EXACT)
+        replies = waiting.send_and_receive(grid, requests, timeout=60.0, schedule=EXACT, clock=grid.clock)
     assert sorted(r.metadata.src_node_id for r in replies) == [101, 102]
     assert not any(r.has_error() for r in replies)
     assert grid.pulls == 6  # the sixth pull brought the last reply; none after it
@@ -136,14 +136,14 @@ def test_late_replies_are_all_returned_and_the_schedule_restarts_when_replies_co
 def test_replies_already_there_take_one_pull_and_no_wait() -> None:
     grid = _grid()
     with task_identity():
-        replies = waiting.send_and_receive(grid, _requests(grid), timeout=60.0)
+        replies = waiting.send_and_receive(grid, _requests(grid), timeout=60.0, clock=grid.clock)
     assert len(replies) == 2 and grid.pulls == 1 and grid.time.waits == []
 
 
 def test_a_missing_reply_times_out_after_exactly_the_timeout_with_the_others_returned() -> None:
     grid = _grid(late={102: 10**9})
     with task_identity():
-        replies = waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT)
+        replies = waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT, clock=grid.clock)
     assert [r.metadata.src_node_id for r in replies] == [101]
     assert grid.time.now_s == 2.0 and sum(grid.time.waits) == 2.0
     assert max(grid.time.waits) == EXACT.cap_s
@@ -152,7 +152,7 @@ def test_a_missing_reply_times_out_after_exactly_the_timeout_with_the_others_ret
 def test_no_reply_at_all_costs_the_bounded_number_of_pulls() -> None:
     grid = _grid(tamper=lambda requests, replies: [])
     with task_identity():
-        assert waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT) == []
+        assert waiting.send_and_receive(grid, _requests(grid), timeout=2.0, schedule=EXACT, clock=grid.clock) == []
     assert grid.pulls == pulls_within(EXACT, 2.0) and grid.time.now_s == 2.0
 
 

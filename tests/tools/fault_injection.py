@@ -16,12 +16,12 @@ seconds it took) and exits non-zero if any fault is missed. A first line runs
 all the named tests on the unmodified copy: they must pass, or "caught" means
 nothing. A snippet that no longer matches exactly once is an error, so a
 refactor that moves code is told to update this list
-(``tests/test_fault_injection.py`` checks that on every fast run). The list: :mod:`experiments.tools.fault_list`.
+(``tests/test_fault_injection.py`` checks that on every fast run). The list: :mod:`tests.tools.fault_list`.
 
-    python -m experiments.tools.fault_injection               # every fault
-    python -m experiments.tools.fault_injection --only f-window-off-by-one b-sketched-lr
-    python -m experiments.tools.fault_injection --list
-    python -m experiments.tools.fault_injection --every       # no -x: list every test each fault fails
+    python -m tests.tools.fault_injection               # every fault
+    python -m tests.tools.fault_injection --only f-window-off-by-one b-sketched-lr
+    python -m tests.tools.fault_injection --list
+    python -m tests.tools.fault_injection --every       # no -x: list every test each fault fails
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.tools.fault import Fault, FaultListError
-from experiments.tools.fault_list import FAULTS
+from tests.tools.fault import Fault, FaultListError
+from tests.tools.fault_list import FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTEST = ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider")
@@ -68,7 +68,7 @@ def apply(fault: Fault, root: Path) -> None:
     if count != 1:
         raise FaultListError(
             f"fault {fault.name}: the snippet {fault.old!r} occurs {count} times in {fault.path} (expected once); "
-            "update the fault list (experiments/tools/fault_list.py, fault_list_math.py) to the current code"
+            "update the fault list (tests/tools/fault_list.py, fault_list_math.py) to the current code"
         )
     target.write_text(text.replace(fault.old, fault.new))
 

@@ -6,12 +6,12 @@ reads those files, sets aside the survivors listed in ``mutation_equivalents.tom
 one row per module and a total (docs/mutation.md):
 
     env -u PYTHONPATH mutmut run --max-children 1
-    python -m experiments.tools.mutation_report                    # the table
-    python -m experiments.tools.mutation_report --out report.md --survivors
-    python -m experiments.tools.mutation_report --min-module 90 --min-total 95  # exit 1 below
-    python -m experiments.tools.mutation_report --mutants A/mutants --mutants B/mutants   # several runs
+    python -m tests.tools.mutation_report                    # the table
+    python -m tests.tools.mutation_report --out report.md --survivors
+    python -m tests.tools.mutation_report --min-module 90 --min-total 95  # exit 1 below
+    python -m tests.tools.mutation_report --mutants A/mutants --mutants B/mutants   # several runs
 
-``python -m experiments.tools.mutation_run`` runs mutmut group by group and ends with this report.
+``python -m tests.tools.mutation_run`` runs mutmut group by group and ends with this report.
 
 The score is killed / (killed + survived), as the mutation-testing literature defines it:
 equivalent mutants are excluded, mutants no selected test reaches count as survived, and

@@ -1,4 +1,4 @@
-"""The faults :mod:`experiments.tools.fault_injection` injects: one exact text substitution each, and the tests
+"""The faults :mod:`tests.tools.fault_injection` injects: one exact text substitution each, and the tests
 that must then fail (FetchSGD, Rothchild et al., ICML 2020; Sketched-SGD, Ivkin et al., NeurIPS 2019).
 
 A snippet that no longer matches exactly once is an error (``tests/test_fault_injection.py``), so a
@@ -7,9 +7,9 @@ refactor that moves code is told to update this list.
 
 from __future__ import annotations
 
-from experiments.tools.fault import MOMENTUM, ROUND, Fault
-from experiments.tools.fault import fault as _fault
-from experiments.tools.fault_list_math import MATH_FAULTS
+from tests.tools.fault import MOMENTUM, ROUND, Fault
+from tests.tools.fault import fault as _fault
+from tests.tools.fault_list_math import MATH_FAULTS
 
 FAULTS: tuple[Fault, ...] = (
     # ---- strategy level: what a round does to the model and to the byte counters

@@ -5,13 +5,13 @@ the few test files that exercise its modules (``mutation_groups.toml``), so a mo
 wait on the tests of another. Each group runs in its own copy of the project (``WORK/GROUP``: the
 files git tracks, and untracked ones it does not ignore), whose ``[tool.mutmut]`` table is
 ``pyproject.toml``'s with the group's modules and tests; then one report covers every group
-(:mod:`experiments.tools.mutation_report`). docs/mutation.md has the figures.
+(:mod:`tests.tools.mutation_report`). docs/mutation.md has the figures.
 
-    python -m experiments.tools.mutation_run --list
-    python -m experiments.tools.mutation_run                        # every group, one after another
-    python -m experiments.tools.mutation_run sketch billing --work /tmp/mutation
-    python -m experiments.tools.mutation_run --max-children 2         # every core of a 2-core machine
-    python -m experiments.tools.mutation_run --report-only --min-module 90 --min-total 95
+    python -m tests.tools.mutation_run --list
+    python -m tests.tools.mutation_run                        # every group, one after another
+    python -m tests.tools.mutation_run sketch billing --work /tmp/mutation
+    python -m tests.tools.mutation_run --max-children 2         # every core of a 2-core machine
+    python -m tests.tools.mutation_run --report-only --min-module 90 --min-total 95
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.tools import mutation_report
+from tests.tools import mutation_report
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = Path(__file__).with_name("mutation_groups.toml")

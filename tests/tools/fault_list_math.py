@@ -1,12 +1,12 @@
 """The faults in the math: the Count Sketch, FetchSGD's server step, its conservation rule, client state,
 downloads, PowerSGD and the one weighted mean (FetchSGD, Rothchild et al., ICML 2020; Sketched-SGD, Ivkin et
-al., NeurIPS 2019). Part of :data:`experiments.tools.fault_list.FAULTS`.
+al., NeurIPS 2019). Part of :data:`tests.tools.fault_list.FAULTS`.
 """
 
 from __future__ import annotations
 
-from experiments.tools.fault import EXACT, PATHS, ROUND, STEP, Fault
-from experiments.tools.fault import fault as _fault
+from tests.tools.fault import EXACT, PATHS, ROUND, STEP, Fault
+from tests.tools.fault import fault as _fault
 
 MATH_FAULTS: tuple[Fault, ...] = (
     # ---- the sketch

@@ -10,9 +10,9 @@ requests, the clients' work, the replies, the server step, the evaluation and
 the metrics row. Start-up and the first round's one-time work (imports, the
 data, caches) are outside it.
 
-    python -m experiments.tools.round_files                      # the default job's FetchSGD
-    python -m experiments.tools.round_files --set download=sparse --functions
-    python -m experiments.tools.round_files --set strategy=fedavg --lines
+    python -m tests.tools.round_files                      # the default job's FetchSGD
+    python -m tests.tools.round_files --set download=sparse --functions
+    python -m tests.tools.round_files --set strategy=fedavg --lines
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class RoundTrace:
             self.on = frame.f_locals.get("server_round") == self.server_round
         if self.on and code.co_filename.startswith(PREFIX):
             path = code.co_filename[len(PREFIX) :]
-            if path.startswith(PACKAGES) and path != "experiments/tools/round_files.py":
+            if path.startswith(PACKAGES) and path != "tests/tools/round_files.py":
                 if (path, code.co_qualname) not in self.calls:
                     lines = [line for _, _, line in code.co_lines() if line is not None]
                     self.spans.setdefault(path, set()).update(range(code.co_firstlineno, max(lines, default=0) + 1))
@@ -98,7 +98,7 @@ def trace(settings: dict[str, Any], server_round: int = 2, supernodes: int = 2) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.tools.round_files", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.tools.round_files", description=__doc__.split("\n")[0])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings on top of the default job")
     parser.add_argument("--functions", action="store_true", help="also list each function called, with its calls")
     parser.add_argument("--lines", action="store_true", help="also count each file's lines, and those the round called")

@@ -1,0 +1,93 @@
+"""The in-process federation as the tests drive it: replies tampered with, late or shuffled, on a virtual clock.
+
+:class:`TestGrid` is :class:`experiments.running.inprocess_grid.InProcessGrid` (the real strategy and
+ClientApp in one process) with what only tests need: ``tamper`` rewrites each exchange's replies (drop,
+corrupt, add), ``deliver`` each request as its node receives it, ``shuffle_seed`` shuffles the replies
+(as over a network), ``late`` holds a node's reply back for a number of pulls, and its waits pass at
+once on its own :class:`VirtualTime` (``clock``, for :func:`strategies.waiting.send_and_receive`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import Message
+
+from experiments.running.inprocess_grid import InProcessGrid
+from strategies.waiting import Clock
+
+Tamper = Callable[[list[Message], list[Message]], list[Message]]
+"""Given the requests and the honest replies, the replies the server receives."""
+
+
+@dataclass
+class VirtualTime:
+    """The federation's time: a sleep passes at once, advances ``now`` and is recorded."""
+
+    now_s: float = 0.0
+    waits: list[float] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now_s += seconds
+
+
+class TestGrid(InProcessGrid):
+    """An :class:`InProcessGrid` whose replies tests can tamper with, hold back or shuffle."""
+
+    __test__ = False  # not a test class, though its name starts with Test
+
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        num_nodes: int = 2,
+        tamper: Tamper | None = None,
+        shuffle_seed: int | None = None,
+        deliver: Callable[[Message], Message] | None = None,
+        late: Mapping[int, int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(run_config, num_nodes, **kwargs)
+        self.tamper, self.deliver = tamper, deliver
+        self.rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
+        self.late = dict(late or {})
+        self.time = VirtualTime()
+        self.clock = Clock(self.time.now, self.time.sleep)
+        self.pulls = 0  # pull_messages calls, all exchanges together
+        self._held: list[tuple[int, Message]] = []  # (the pull that hands it out, reply) of the last push
+        self._pulled = 0  # pulls since the last push
+
+    def replies(self, requests: list[Message], received: list[Message]) -> list[Message]:
+        if self.deliver is not None:
+            received = [self.deliver(msg) for msg in received]
+        replies = super().replies(requests, received)
+        if self.tamper is not None:
+            replies = self.tamper(requests, replies)
+        if self.rng is not None:
+            self.rng.shuffle(replies)
+        node_of = {msg.metadata.message_id: msg.metadata.dst_node_id for msg in requests}
+        nodes = [node_of.get(r.metadata.reply_to_message_id, r.metadata.src_node_id) for r in replies]
+        self._held = [(self.late.get(node, 1), reply) for node, reply in zip(nodes, replies, strict=True)]
+        self._pulled = 0
+        return replies
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        """The replies of the last push that are due by this pull, each once."""
+        self.pulls += 1
+        self._pulled += 1
+        due = [reply for at, reply in self._held if at <= self._pulled]
+        self._held = [(at, reply) for at, reply in self._held if at > self._pulled]
+        return due
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
+        """Push, then every reply at once, ``late`` or not."""
+        self.push_messages(messages)
+        replies = [reply for _, reply in self._held]
+        self._held = []
+        return replies
