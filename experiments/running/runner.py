@@ -172,7 +172,7 @@ def is_finished(cfg: RunSpec) -> bool:
     config_file = path / "config.json"
     if not config_file.exists():
         return False
-    if json.loads(config_file.read_text(encoding="utf-8")) != cfg.to_mapping():
+    if not _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg):
         return False
     rows = runlog.read_metrics(path)
     return bool(rows) and rows[-1].get("round") == cfg.num_rounds
@@ -200,7 +200,16 @@ def is_resumable(cfg: RunSpec) -> bool:
     config_file = path / "config.json"
     if not cfg.checkpoint_every or not (path / runlog.CHECKPOINT).exists() or not config_file.exists():
         return False
-    return bool(json.loads(config_file.read_text(encoding="utf-8")) == cfg.to_mapping())
+    return _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg)
+
+
+def _same_run(saved: dict[str, Any], cfg: RunSpec) -> bool:
+    """Whether a run's saved ``config.json`` is ``cfg``'s, but for settings that change no result
+    (:data:`fedsketch.runlog.OUTPUT_ONLY`: turning ``tracking`` on does not redo a finished run)."""
+    ours = cfg.to_mapping()
+    return {k: v for k, v in saved.items() if k not in runlog.OUTPUT_ONLY} == {
+        k: v for k, v in ours.items() if k not in runlog.OUTPUT_ONLY
+    }
 
 
 def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tuple[Run, str]]:
