@@ -110,6 +110,7 @@ def prepare(
     strategies: Sequence[str] | None = None,
 ) -> Experiment:
     """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    from experiments.analysis import tracking
     from experiments.flower.app_files import check_app_config
     from experiments.running.command_plan import APP_DIR
     from experiments.running.preflight import check_runs
@@ -120,6 +121,7 @@ def prepare(
     experiment = runner.load_experiment(
         Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None
     )
+    tracking.check(experiment.runs)  # before the data is loaded: a missing package is refused at once
     for checked in check_runs(experiment.runs):
         print(f"fedsketch: {checked.describe()}")
     return experiment

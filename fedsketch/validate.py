@@ -164,8 +164,8 @@ def _partition_reads(cfg: RunConfig) -> None:
     for name, (partition, flwr) in READ_BY.items():
         if cfg.partition not in (partition, flwr) and getattr(cfg, name) != defaults[name]:
             raise ConfigError(
-                f"setting '{_key(name)}' ({getattr(cfg, name)}) is read only by partition '{partition}' "
-                f"(or '{flwr}'); partition is '{cfg.partition}', which would ignore it"
+                f"setting '{_key(name)}' ({getattr(cfg, name)}) is read only by partition '{partition}'; "
+                f"partition is '{cfg.partition}', which would ignore it ('{flwr}' reads it too)"
             )
 
 

@@ -10,7 +10,9 @@ A run whose ``metrics.jsonl`` already reaches its last round with the same
 config is not redone; an unfinished one is restarted cleanly, unless it
 checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
 then it resumes from there. A run stopped by a signal is one of those unfinished
-runs (``docs/stopping.md``).
+runs (``docs/stopping.md``). Each run that ends (or was already finished) is
+also written to TensorBoard and MLflow where its setting ``tracking`` asks
+(``experiments/analysis/tracking.py``).
 """
 
 from __future__ import annotations
@@ -223,6 +225,7 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
     for i, cfg in enumerate(runs):
         if is_finished(cfg):
             results.append((cfg, "already finished"))
+            _track(cfg, results[-1][1])
             continue
         path = prepare(cfg)
         stopping.note_run(path, cfg.num_rounds)
@@ -232,9 +235,19 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
             results.append((cfg, stopping.record(path, cfg.num_rounds, stop)))
             if isinstance(stop, stopping.Interrupted):
                 return results + [(later, "not started") for later in runs[i + 1 :]]
+            _track(cfg, results[-1][1])
             continue
         results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
+        _track(cfg, results[-1][1])
     return results
+
+
+def _track(cfg: RunSpec, outcome: str) -> None:
+    """The ended run also in TensorBoard and MLflow, where its setting ``tracking`` asks
+    (:mod:`experiments.analysis.tracking`: from its ``metrics.jsonl``, in this process, not Flower's)."""
+    from experiments.analysis import tracking
+
+    tracking.record(cfg, describe(cfg), outcome)
 
 
 def _failed(code: int) -> str:

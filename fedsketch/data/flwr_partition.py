@@ -24,9 +24,8 @@ these are here to match a Flower app's split exactly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

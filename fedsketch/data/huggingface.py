@@ -81,7 +81,9 @@ def load(spec: DataSpec) -> HFData:
                 )
     y_train, y_test, classes = _labels(train, test, spec, name)
     if spec.num_classes and classes is not None and spec.num_classes != classes:
-        raise DataError(f"{name}: setting 'num-classes' is {spec.num_classes} but column {spec.hf_label!r} has {classes}")
+        raise DataError(
+            f"{name}: setting 'num-classes' is {spec.num_classes} but column {spec.hf_label!r} has {classes}"
+        )
     x_train, x_test = _features(train, test, features, name)
     ids = np.asarray(train[spec.hf_client_id]) if spec.hf_client_id else None
     return HFData(x_train, y_train, x_test, y_test, ids, classes, name)
@@ -102,7 +104,7 @@ def _open(root: str) -> Any:
         raise FileNotFoundError(f"huggingface: no folder {path}; " + _SAVE_HINT)
     try:
         return datasets.load_dataset(root)
-    except Exception as exc:  # offline, an unknown name, files datasets cannot read: one line, and the way out
+    except Exception as exc:  # noqa: BLE001  # offline, an unknown name, unreadable files: one line, and the way out
         reason = " ".join(str(exc).split())[:300]
         raise FileNotFoundError(
             f"huggingface: datasets could not open {root!r} ({type(exc).__name__}: {reason}); to work offline, "
@@ -116,7 +118,9 @@ def _splits(loaded: Any, spec: DataSpec, name: str) -> tuple[Any, Any]:
 
     if isinstance(loaded, datasets.DatasetDict):
         if spec.hf_train_split not in loaded:
-            raise ValueError(f"{name}: no split {spec.hf_train_split!r} (setting 'hf-train-split'); it has {list(loaded)}")
+            raise ValueError(
+                f"{name}: no split {spec.hf_train_split!r} (setting 'hf-train-split'); it has {list(loaded)}"
+            )
         train = loaded[spec.hf_train_split]
     elif spec.hf_test_fraction:
         train = loaded  # a saved Dataset is one split
@@ -181,7 +185,9 @@ def _features(train: Any, test: Any, columns: list[str], name: str) -> tuple[np.
     images = [c for c in columns if isinstance(train.features[c], datasets.Image)]
     if images:
         if len(columns) != 1:
-            raise ValueError(f"{name}: image column {images[0]!r} must be the only feature column (setting 'hf-features')")
+            raise ValueError(
+                f"{name}: image column {images[0]!r} must be the only feature column (setting 'hf-features')"
+            )
         x_train, x_test = _images(train, test, images[0], name)
         axes: tuple[int, ...] = (0, 2, 3)
     else:
@@ -207,7 +213,9 @@ def _images(train: Any, test: Any, column: str, name: str) -> tuple[np.ndarray, 
     else:
         x_train, x_test = x_train.transpose(0, 3, 1, 2), x_test.transpose(0, 3, 1, 2)
     if x_train.shape[1:] != x_test.shape[1:]:
-        raise DataError(f"{name}: test images are {x_test.shape[1:]} (C, H, W); training images are {x_train.shape[1:]}")
+        raise DataError(
+            f"{name}: test images are {x_test.shape[1:]} (C, H, W); training images are {x_train.shape[1:]}"
+        )
     return x_train, x_test
 
 

@@ -73,7 +73,13 @@ def load_federated(spec: DataSpec) -> FederatedData:
 
         hf = huggingface.load(spec)
         return from_arrays(
-            hf.x_train, hf.y_train, hf.x_test, hf.y_test, spec, client_ids=hf.client_ids, name=hf.name,
+            hf.x_train,
+            hf.y_train,
+            hf.x_test,
+            hf.y_test,
+            spec,
+            client_ids=hf.client_ids,
+            name=hf.name,
             num_classes=hf.num_classes,
         )
     if spec.dataset == "femnist":

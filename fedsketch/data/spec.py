@@ -8,7 +8,7 @@ that ask for the same spec share one loaded, partitioned dataset.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -19,15 +19,6 @@ from fedsketch.data.flwr_partition import FLWR_PARTITIONS
 from fedsketch.data.registry import NAMES as DATASETS
 
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards", *FLWR_PARTITIONS)
-HF_DEFAULTS = {
-    "hf_features": "",
-    "hf_label": "label",
-    "hf_client_id": "",
-    "hf_train_split": "train",
-    "hf_test_split": "test",
-    "hf_test_fraction": 0.0,
-}
-"""The settings that only ``dataset = "huggingface"`` reads, and their defaults (:mod:`fedsketch.data.huggingface`)."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +80,12 @@ class DataSpec:
     synthetic_devices: int = 0
     seed: int = 0
     num_classes: int = 0
-    hf_features: str = HF_DEFAULTS["hf_features"]
-    hf_label: str = HF_DEFAULTS["hf_label"]
-    hf_client_id: str = HF_DEFAULTS["hf_client_id"]
-    hf_train_split: str = HF_DEFAULTS["hf_train_split"]
-    hf_test_split: str = HF_DEFAULTS["hf_test_split"]
-    hf_test_fraction: float = HF_DEFAULTS["hf_test_fraction"]
+    hf_features: str = ""
+    hf_label: str = "label"
+    hf_client_id: str = ""
+    hf_train_split: str = "train"
+    hf_test_split: str = "test"
+    hf_test_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS and not entry.is_reference(self.dataset):
@@ -133,6 +124,10 @@ class DataSpec:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (numpy seeds are non-negative); got {self.seed}")
         check_huggingface(self.dataset, {name: getattr(self, name) for name in HF_DEFAULTS})
+
+
+HF_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(DataSpec) if f.name.startswith("hf_")}
+"""The settings that only ``dataset = "huggingface"`` reads, and their defaults (:mod:`fedsketch.data.huggingface`)."""
 
 
 def check_huggingface(dataset: str, values: Mapping[str, Any]) -> None:
