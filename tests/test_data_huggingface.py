@@ -3,6 +3,7 @@ fedsketch's partitioners and by flwr-datasets' (``flwr-*``), and refused in one 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,20 @@ def test_flwr_partitioners_split_every_sample_once_and_follow_the_seed(digits: P
     assert [p.tolist() for p in _load(digits, partition=partition, seed=1).client_indices] != [
         p.tolist() for p in parts
     ]
+
+
+def test_flwr_dirichlet_is_the_split_a_flower_app_gets_with_the_run_seed(digits: Path) -> None:
+    """What a Flower app gets from ``FederatedDataset(..., seed=s)`` with ``DirichletPartitioner(..., seed=s)``:
+    the split shuffled with the seed, then partitioned with it."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    seed = 3
+    data = _load(digits, partition="flwr-dirichlet", alpha=0.7, seed=seed)
+    train = datasets.load_from_disk(str(digits))["train"]
+    partitioner = DirichletPartitioner(num_partitions=10, partition_by="label", alpha=0.7, seed=seed)
+    partitioner.dataset = train.add_column("row", list(range(len(train)))).shuffle(seed=seed)
+    flower = [sorted(partitioner.load_partition(i)["row"]) for i in range(10)]
+    assert [p.tolist() for p in data.client_indices] == flower
 
 
 def test_flwr_iid_sizes_and_pathological_classes(digits: Path) -> None:
@@ -227,3 +242,37 @@ def test_settings_are_checked_with_the_config(settings: dict[str, Any], message:
 def test_flwr_partitions_take_their_partitioner_settings() -> None:
     assert RunConfig.from_mapping({"partition": "flwr-dirichlet", "partition-alpha": 0.3}).partition_alpha == 0.3
     assert RunConfig.from_mapping({"partition": "flwr-shard", "shards-per-client": 3}).shards_per_client == 3
+
+
+@pytest.mark.slow
+def test_a_saved_data_set_runs_through_fedsketch_run_the_same_twice(
+    digits: Path, tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """Offline: the saved folder, split by flwr-datasets' Dirichlet partitioner, trained with FetchSGD through
+    real Flower twice with the same seed: the same rows to the last digit."""
+    from experiments.cli import main as fedsketch_main
+
+    settings = {
+        "dataset": "huggingface",
+        "data-root": str(digits),
+        "partition": "flwr-dirichlet",
+        "partition-alpha": 1.0,
+        "num-clients": 10,
+        "clients-per-round": 5,
+        "num-rounds": 2,
+        "eval-every": 1,
+        "model-hidden": 32,
+        "sketch-rows": 3,
+        "sketch-cols": 2000,
+        "k": 200,
+    }
+    overrides = [a for key, value in settings.items() for a in ("--set", f"{key}={json.dumps(value)}")]
+    rows = []
+    for attempt in ("first", "second"):
+        args = ["run", "--strategies", "fetchsgd", "--no-plot", "--out", str(tmp_path / attempt), *overrides]
+        assert fedsketch_main(args) == 0
+        found = (tmp_path / attempt / "default" / "fetchsgd" / "metrics.jsonl").read_text().splitlines()
+        rows.append([{k: v for k, v in json.loads(line).items() if k not in ("wall_s", "unix_time")} for line in found])
+    assert [r["round"] for r in rows[0]] == [1, 2] and rows[0][-1]["clients"] == 5
+    assert 0.0 < rows[0][-1]["test_accuracy"] <= 1.0
+    assert rows[0] == rows[1]
