@@ -276,3 +276,26 @@ def test_a_saved_data_set_runs_through_fedsketch_run_the_same_twice(
     assert [r["round"] for r in rows[0]] == [1, 2] and rows[0][-1]["clients"] == 5
     assert 0.0 < rows[0][-1]["test_accuracy"] <= 1.0
     assert rows[0] == rows[1]
+
+
+def test_the_command_refuses_bad_hugging_face_data_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same checks as every data set, before anything starts: a NaN feature names the array and the sample."""
+    from experiments.cli import main as fedsketch_main
+
+    rows = datasets.Dataset.from_dict({"x": [0.5, 1.0, float("nan"), 2.0] * 5, "label": [0, 1] * 10})
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(tmp_path / "nan"))
+    capsys.readouterr()  # datasets' progress bars while saving
+    out = tmp_path / "runs"
+    args = ["plan", "--out", str(out), "--set", "dataset=huggingface", "--set", f'data-root="{tmp_path / "nan"}"']
+    assert (
+        fedsketch_main([*args, "--set", "partition=flwr-iid", "--set", "num-clients=4", "--set", "clients-per-round=2"])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"fedsketch: error: data: x_train of huggingface:{tmp_path / 'nan'}: sample 2 holds NaN (5 of 20 samples are not "
+        "finite as float32); clean or drop them before training"
+    )
+    assert not out.exists()

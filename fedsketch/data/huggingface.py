@@ -26,6 +26,7 @@ and the data then goes through the checks every data set does (:func:`fedsketch.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,12 @@ def _features(train: Any, test: Any, columns: list[str], name: str) -> tuple[np.
     else:
         x_train, x_test = (_numbers(split, columns, name) for split in (train, test))
         axes = (0,)
-    mean = x_train.mean(axis=axes, keepdims=True, dtype=np.float64)
-    std = np.maximum(x_train.std(axis=axes, keepdims=True, dtype=np.float64), 1e-8)
+    # Statistics of the finite values only: a NaN sample stays the one NaN sample, for the checks to name it.
+    finite = np.where(np.isfinite(x_train), x_train.astype(np.float64), np.nan)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column without a finite value: all NaN, refused as such
+        mean = np.nanmean(finite, axis=axes, keepdims=True)
+        std = np.maximum(np.nanstd(finite, axis=axes, keepdims=True), 1e-8)
     return ((x_train - mean) / std).astype(np.float32), ((x_test - mean) / std).astype(np.float32)
 
 
