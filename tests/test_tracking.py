@@ -185,6 +185,18 @@ def test_a_missing_package_is_refused_before_anything_loads(
     assert not any(tmp_path.iterdir())
 
 
+def test_a_deployment_kit_refuses_tracking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kit's runs are started by flwr run on the server: nothing there would write the stores."""
+    kit = tmp_path / "kit"
+    args = ["deploy", "--kit", str(kit), "--server", "127.0.0.1", "--supernodes", "2"]
+    assert fedsketch_main([*args, "--set", "tracking=tensorboard"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fedsketch: error: setting 'tracking' ('tensorboard') is written by fedsketch run and deploy as each run "
+        "ends; a kit's runs are started by flwr run on the server, which would ignore it: leave it out of the kit"
+    )
+    assert not kit.exists()
+
+
 @pytest.mark.slow
 def test_a_two_round_run_writes_what_metrics_jsonl_holds(tmp_path: Path, no_leftover_processes: None) -> None:
     """Real Flower, real writers, read back by TensorBoard's and MLflow's own readers."""

@@ -76,6 +76,24 @@ def check(runs: Iterable[RunSpec]) -> None:
                 )
 
 
+def refuse_in_kit(runs: Iterable[RunSpec]) -> None:
+    """A deployment kit's runs are started by ``flwr run`` on the server, where no fedsketch command watches them
+    end: ``tracking`` would be ignored there, so it is refused.
+
+    Raises
+    ------
+    ConfigError
+        Naming the setting, and what to do instead.
+    """
+    for cfg in runs:
+        if sinks(cfg):
+            raise ConfigError(
+                f"setting 'tracking' ({cfg.to_mapping()['tracking']!r}) is written by fedsketch run and deploy as "
+                "each run ends; a kit's runs are started by flwr run on the server, which would ignore it: leave it "
+                "out of the kit"
+            )
+
+
 def series(rows: list[dict[str, Any]]) -> list[tuple[str, int, float, float]]:
     """``(tag, step, value, unix time)`` of every value the stores get from ``rows``, row by row."""
     out: list[tuple[str, int, float, float]] = []
@@ -172,7 +190,8 @@ def _mlflow(cfg: RunSpec, name: str, rows: list[dict[str, Any]], outcome: str) -
         )
     )
     folder = str(runlog.run_dir(cfg).resolve())
-    earlier = client.search_runs([experiment_id], filter_string=f"tags.`fedsketch.run_dir` = '{folder}'")
+    named = client.search_runs([experiment_id], filter_string=f"attributes.run_name = '{name}'")
+    earlier = [run for run in named if run.data.tags.get("fedsketch.run_dir") == folder]  # the folder: any characters
     if outcome == "already finished" and earlier:
         return ""
     for run in earlier:
