@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fedsketch import entry
-from fedsketch.data import femnist, text, user
+from fedsketch.data import femnist, huggingface, text, user
 from fedsketch.data.checks import check_features, check_labels
 from fedsketch.data.images import (
     load_cifar,
@@ -69,8 +69,6 @@ def load_federated(spec: DataSpec) -> FederatedData:
         x_train, y_train, x_test, y_test, classes = folder.load(spec.root, spec.num_classes)
         return from_arrays(x_train, y_train, x_test, y_test, spec, name=f"imagefolder:{spec.root}", num_classes=classes)
     if spec.dataset == "huggingface":
-        from fedsketch.data import huggingface  # datasets, which a run on other data need not import
-
         hf = huggingface.load(spec)
         return from_arrays(
             hf.x_train,
