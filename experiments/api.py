@@ -20,6 +20,8 @@ file: data objects are written once to an ``.npz`` under ``OUT/_inputs``
 (float32 samples and int64 labels, exactly what training reads), and a builder
 or loader that Flower's processes cannot import by name (defined in
 ``__main__`` or a notebook) is pickled by value there with cloudpickle.
+:func:`plan`, with the same arguments, returns what ``fedsketch plan`` prints
+(what each run will send), starting no Flower.
 """
 
 from __future__ import annotations
@@ -87,12 +89,7 @@ def run(
         A run stopped before its last round (its reason is in its ``flower.log``).
     """
     out = Path(out).resolve()
-    overrides = {key.replace("_", "-"): value for key, value in settings.items()}
-    if model is not None:
-        overrides["model"] = model if isinstance(model, str) else reference(model, out)
-    if data is not None:
-        overrides.update(data_settings(data, out))
-    experiment = prepare(config, overrides, out, seeds, strategies)
+    experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
     code = execute(experiment, federation(supernodes, None, backend, runtime), plot)
     if code in (130, 143):
         raise KeyboardInterrupt
@@ -100,6 +97,47 @@ def run(
     if unfinished:
         raise RunFailed(f"{', '.join(unfinished)} stopped before the last round (see each run's flower.log)")
     return [row for cfg in experiment.runs for row in _rows(cfg)]
+
+
+def plan(
+    config: str | Path | None = None,
+    *,
+    model: str | Callable[..., Any] | None = None,
+    data: Any = None,
+    strategies: Sequence[str] | None = None,
+    seeds: int | None = None,
+    out: str | Path = "runs",
+    supernodes: int = 2,
+    **settings: Any,
+) -> str:
+    """What :func:`run` with the same arguments will send, as ``fedsketch plan`` prints it; no Flower is started.
+
+    Every run is checked as :func:`run` checks it, then its first round runs in this process
+    (:mod:`experiments.running.forecast`): bytes per client and per round, each run's totals, the model's size.
+
+    Raises
+    ------
+    ConfigError
+        A setting, the data or the model is refused.
+    """
+    from experiments.running import forecast
+
+    out = Path(out).resolve()
+    experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
+    return forecast.render(*forecast.forecast(experiment.runs, supernodes))
+
+
+def _overrides(
+    model: str | Callable[..., Any] | None, data: Any, settings: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """The run settings :func:`run` and :func:`plan` were given: ``num_rounds`` as ``num-rounds``, the model and
+    the data as settings (objects written under ``out``)."""
+    overrides = {key.replace("_", "-"): value for key, value in settings.items()}
+    if model is not None:
+        overrides["model"] = model if isinstance(model, str) else reference(model, out)
+    if data is not None:
+        overrides.update(data_settings(data, out))
+    return overrides
 
 
 def prepare(
@@ -110,6 +148,7 @@ def prepare(
     strategies: Sequence[str] | None = None,
 ) -> Experiment:
     """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    from experiments.analysis import tracking
     from experiments.flower.app_files import check_app_config
     from experiments.running.command_plan import APP_DIR
     from experiments.running.preflight import check_runs
@@ -120,6 +159,7 @@ def prepare(
     experiment = runner.load_experiment(
         Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None
     )
+    tracking.check(experiment.runs)  # before the data is loaded: a missing package is refused at once
     for checked in check_runs(experiment.runs):
         print(f"fedsketch: {checked.describe()}")
     return experiment

@@ -225,6 +225,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
     from experiments import api
+    from experiments.analysis import tracking
     from experiments.deployment import deploy
     from experiments.deployment.recipe import kit_runs, write_kit
     from experiments.running import runner, stopping
@@ -247,6 +248,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 str(args.out),
             )
             check_runs(runs)
+            tracking.refuse_in_kit(runs)
             print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0
         deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
-from fedsketch.data.spec import PARTITIONS
+from fedsketch.data.spec import HF_DEFAULTS, PARTITIONS, check_huggingface
 from fedsketch.methods import METHODS, NAMES, Method, get_method
 from fedsketch.model.models import MODELS, NORMS
 from fedsketch.server.download import MODES as DOWNLOAD_MODES
+from fedsketch.server.runlog import TRACKING
 from fedsketch.server.schedule import SCHEDULES
 from fedsketch.settings import entry
 from fedsketch.settings.setting import ConfigError
@@ -41,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "lr_schedule": SCHEDULES,
     "download": DOWNLOAD_MODES,
+    "tracking": TRACKING,
 }
 POSITIVE = (
     "num_rounds",
@@ -85,6 +87,7 @@ def check(cfg: RunConfig) -> None:
     _ranges(cfg)
     _model_fits_data(cfg)
     _partition_reads(cfg)
+    _huggingface(cfg)
     _privacy(cfg, method)
     _download(cfg, method)
     _runtime(cfg, method)
@@ -147,19 +150,31 @@ def _ranges(cfg: RunConfig) -> None:
         )
 
 
-READ_BY = {"partition_alpha": "dirichlet", "classes_per_client": "pathological", "shards_per_client": "shards"}
-"""The partitioners' own settings, and the one partition that reads each."""
+READ_BY = {
+    "partition_alpha": ("dirichlet", "flwr-dirichlet"),
+    "classes_per_client": ("pathological", "flwr-pathological"),
+    "shards_per_client": ("shards", "flwr-shard"),
+}
+"""The partitioners' own settings, and the partitions that read each (fedsketch's, flwr-datasets')."""
 
 
 def _partition_reads(cfg: RunConfig) -> None:
     """A partitioner's own setting changed from its default is refused under another partition (never ignored)."""
     defaults = {f.name: f.default for f in fields(cfg)}
-    for name, partition in READ_BY.items():
-        if cfg.partition != partition and getattr(cfg, name) != defaults[name]:
+    for name, (partition, flwr) in READ_BY.items():
+        if cfg.partition not in (partition, flwr) and getattr(cfg, name) != defaults[name]:
             raise ConfigError(
                 f"setting '{_key(name)}' ({getattr(cfg, name)}) is read only by partition '{partition}'; "
-                f"partition is '{cfg.partition}', which would ignore it"
+                f"partition is '{cfg.partition}', which would ignore it ('{flwr}' reads it too)"
             )
+
+
+def _huggingface(cfg: RunConfig) -> None:
+    """The ``hf-*`` settings (:func:`fedsketch.data.spec.check_huggingface`)."""
+    try:
+        check_huggingface(cfg.dataset, {name: getattr(cfg, name) for name in HF_DEFAULTS})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _model_fits_data(cfg: RunConfig) -> None:

@@ -10,7 +10,9 @@ A run whose ``metrics.jsonl`` already reaches its last round with the same
 config is not redone; an unfinished one is restarted cleanly, unless it
 checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
 then it resumes from there. A run stopped by a signal is one of those unfinished
-runs (``docs/stopping.md``).
+runs (``docs/stopping.md``). Each run that ends (or was already finished) is
+also written to TensorBoard and MLflow where its setting ``tracking`` asks
+(``experiments/analysis/tracking.py``).
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def is_finished(cfg: RunSpec) -> bool:
     config_file = path / "config.json"
     if not config_file.exists():
         return False
-    if json.loads(config_file.read_text(encoding="utf-8")) != cfg.to_mapping():
+    if not _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg):
         return False
     rows = runlog.read_metrics(path)
     return bool(rows) and rows[-1].get("round") == cfg.num_rounds
@@ -200,7 +202,16 @@ def is_resumable(cfg: RunSpec) -> bool:
     config_file = path / "config.json"
     if not cfg.checkpoint_every or not (path / runlog.CHECKPOINT).exists() or not config_file.exists():
         return False
-    return bool(json.loads(config_file.read_text(encoding="utf-8")) == cfg.to_mapping())
+    return _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg)
+
+
+def _same_run(saved: dict[str, Any], cfg: RunSpec) -> bool:
+    """Whether a run's saved ``config.json`` is ``cfg``'s, but for settings that change no result
+    (:data:`fedsketch.server.runlog.OUTPUT_ONLY`: turning ``tracking`` on does not redo a finished run)."""
+    ours = cfg.to_mapping()
+    return {k: v for k, v in saved.items() if k not in runlog.OUTPUT_ONLY} == {
+        k: v for k, v in ours.items() if k not in runlog.OUTPUT_ONLY
+    }
 
 
 def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tuple[Run, str]]:
@@ -214,6 +225,7 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
     for i, cfg in enumerate(runs):
         if is_finished(cfg):
             results.append((cfg, "already finished"))
+            _track(cfg, results[-1][1])
             continue
         path = prepare(cfg)
         stopping.note_run(path, cfg.num_rounds)
@@ -223,9 +235,19 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
             results.append((cfg, stopping.record(path, cfg.num_rounds, stop)))
             if isinstance(stop, stopping.Interrupted):
                 return results + [(later, "not started") for later in runs[i + 1 :]]
+            _track(cfg, results[-1][1])
             continue
         results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
+        _track(cfg, results[-1][1])
     return results
+
+
+def _track(cfg: RunSpec, outcome: str) -> None:
+    """The ended run also in TensorBoard and MLflow, where its setting ``tracking`` asks
+    (:mod:`experiments.analysis.tracking`: from its ``metrics.jsonl``, in this process, not Flower's)."""
+    from experiments.analysis import tracking
+
+    tracking.record(cfg, describe(cfg), outcome)
 
 
 def _failed(code: int) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fedsketch.data import femnist, text, user
+from fedsketch.data import femnist, huggingface, text, user
 from fedsketch.data.checks import check_features, check_labels
 from fedsketch.data.images import (
     load_cifar,
@@ -68,6 +68,18 @@ def load_federated(spec: DataSpec) -> FederatedData:
 
         x_train, y_train, x_test, y_test, classes = folder.load(spec.root, spec.num_classes)
         return from_arrays(x_train, y_train, x_test, y_test, spec, name=f"imagefolder:{spec.root}", num_classes=classes)
+    if spec.dataset == "huggingface":
+        hf = huggingface.load(spec)
+        return from_arrays(
+            hf.x_train,
+            hf.y_train,
+            hf.x_test,
+            hf.y_test,
+            spec,
+            client_ids=hf.client_ids,
+            name=hf.name,
+            num_classes=hf.num_classes,
+        )
     if spec.dataset == "femnist":
         return _load_femnist(spec)
     if spec.dataset == "mnist_t10k":

@@ -13,6 +13,8 @@ The partitions of the federated-learning literature, each vectorized in numpy:
 - ``shards``: sort by label, cut into ``num_clients * shards_per_client`` equal
   shards, deal each client ``shards_per_client`` at random (McMahan et al. 2017).
 - ``natural``: the data's own client ids (the writer in FEMNIST).
+- ``flwr-*``: flwr-datasets' partitioners, as a Flower app would split the data
+  (:mod:`fedsketch.data.flwr_partition`).
 
 Each partitioner computes one owner per sample (``-1``: unassigned), so every
 sample goes to at most one client by construction. Why not flwr-datasets'
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsketch.data import flwr_partition
 from fedsketch.data.spec import DataSpec
 
 _STREAM = 0x9A47  # keeps the partition's random stream apart from the generator's
@@ -68,6 +71,8 @@ def partition_labels(labels: np.ndarray, spec: DataSpec, client_ids: np.ndarray 
 def _owners(y: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
     """The client of every sample under ``spec.partition`` (-1: unassigned)."""
     n, k = y.shape[0], spec.num_clients
+    if spec.partition in flwr_partition.FLWR_PARTITIONS:
+        return flwr_partition.owners(y, spec, client_ids)
     if spec.partition == "natural":
         return _natural(y, client_ids, k, rng)
     if n < k:

@@ -2,7 +2,7 @@
 
 One table for the config's choices, the loaders and the checks made before
 training (which build the model from the shape without reading any data).
-``npz``, ``imagefolder`` and a loader of the user's own (``package.module:function``,
+``npz``, ``imagefolder``, ``huggingface`` and a loader of the user's own (``package.module:function``,
 not in this table) are known only once read.
 """
 
@@ -35,6 +35,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "femnist": DatasetInfo((1, 28, 28), 62),
     "npz": DatasetInfo(None, None),
     "imagefolder": DatasetInfo(None, None, "train/<class>/<image>, test/<class>/<image>"),
+    "huggingface": DatasetInfo(None, None, "a folder written by save_to_disk, or a hub name"),
 }
 NAMES: tuple[str, ...] = tuple(DATASETS)
 

@@ -7,15 +7,18 @@ that ask for the same spec share one loaded, partitioned dataset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedsketch.data.flwr_partition import FLWR_PARTITIONS
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.settings import entry
 
-PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards")
+PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards", *FLWR_PARTITIONS)
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,11 @@ class DataSpec:
         ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100`` (torchvision's
         folder layout under ``root``), ``mnist_t10k`` (MNIST's published test
         split alone, :data:`fedsketch.data.load.T10K_HOLDOUT` of it held out), ``femnist`` (LEAF's FEMNIST by writer,
-        Hugging Face ``flwrlabs/femnist``), or ``npz`` (your own arrays).
+        Hugging Face ``flwrlabs/femnist``), ``huggingface`` (any classification
+        data set that ``datasets`` opens), or ``npz`` (your own arrays).
     root
-        Folder holding the files (for ``npz``: the file itself). Empty for
+        Folder holding the files (for ``npz``: the file itself; for
+        ``huggingface``: a ``save_to_disk`` folder or a hub name). Empty for
         ``synthetic``; empty for ``femnist`` means "download from the hub".
     num_clients
         Number of clients the training samples are split over.
@@ -40,7 +45,9 @@ class DataSpec:
         Synthetic, the writer of FEMNIST, ``client_ids`` of an npz), ``iid``,
         ``dirichlet`` (label skew of concentration ``alpha``), ``pathological``
         (``classes_per_client`` classes each) or ``shards`` (McMahan et al.'s
-        sorted-label shards, ``shards_per_client`` each).
+        sorted-label shards, ``shards_per_client`` each), or one of flwr-datasets'
+        partitioners (``flwr-iid``, ``flwr-dirichlet``, ``flwr-pathological``,
+        ``flwr-shard``, ``flwr-natural-id``: :mod:`fedsketch.data.flwr_partition`).
     samples_per_client
         0 keeps every assigned sample; ``n > 0`` keeps at most ``n`` per client,
         chosen at random (FetchSGD's CIFAR-10 setup: 10,000 clients of 5 images).
@@ -56,6 +63,8 @@ class DataSpec:
     num_classes
         The number of classes of data whose count is not fixed (``npz``,
         ``imagefolder``, a loader of your own); 0 infers it (largest label + 1).
+    hf_features, hf_label, hf_client_id, hf_train_split, hf_test_split, hf_test_fraction
+        ``huggingface`` only: the columns and splits read (:mod:`fedsketch.data.huggingface`).
     """
 
     dataset: str = "synthetic"
@@ -71,6 +80,12 @@ class DataSpec:
     synthetic_devices: int = 0
     seed: int = 0
     num_classes: int = 0
+    hf_features: str = ""
+    hf_label: str = "label"
+    hf_client_id: str = ""
+    hf_train_split: str = "train"
+    hf_test_split: str = "test"
+    hf_test_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS and not entry.is_reference(self.dataset):
@@ -108,6 +123,40 @@ class DataSpec:
                 raise ValueError(f"{name} is a standard deviation and must be >= 0; got {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (numpy seeds are non-negative); got {self.seed}")
+        check_huggingface(self.dataset, {name: getattr(self, name) for name in HF_DEFAULTS})
+
+
+HF_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(DataSpec) if f.name.startswith("hf_")}
+"""The settings that only ``dataset = "huggingface"`` reads, and their defaults (:mod:`fedsketch.data.huggingface`)."""
+
+
+def check_huggingface(dataset: str, values: Mapping[str, Any]) -> None:
+    """The ``hf-*`` settings (``values`` by field name): read by ``huggingface`` only (never ignored), a test
+    fraction in [0, 1) that does not compete with a named test split.
+
+    Raises
+    ------
+    ValueError
+        Naming the setting.
+    """
+    changed = [name for name, default in HF_DEFAULTS.items() if values[name] != default]
+    if dataset != "huggingface" and changed:
+        raise ValueError(
+            f"setting '{_key(changed[0])}' ({values[changed[0]]!r}) is read only by dataset 'huggingface'; "
+            f"dataset is {dataset!r}, which would ignore it"
+        )
+    fraction = values["hf_test_fraction"]
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"setting 'hf-test-fraction' must be in [0, 1) (0: off); got {fraction}")
+    if fraction and values["hf_test_split"] != HF_DEFAULTS["hf_test_split"]:
+        raise ValueError(
+            f"settings 'hf-test-fraction' ({fraction}) and 'hf-test-split' ({values['hf_test_split']!r}) "
+            "both name the test set; keep one"
+        )
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
 
 
 @dataclass(frozen=True, eq=False)

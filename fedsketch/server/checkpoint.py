@@ -55,6 +55,7 @@ RUNTIME_KEYS = (
     "min-nodes",
     "device",
     "client-state",
+    *runlog.OUTPUT_ONLY,
 )
 """Settings that change where or how a run executes, not what it computes: a resume may change them."""
 

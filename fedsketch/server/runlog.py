@@ -37,6 +37,12 @@ SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
+TRACKING = ("none", "tensorboard", "mlflow", "both")
+"""The values of the setting ``tracking``: where a run's rows are also written (:mod:`experiments.analysis.tracking`)."""
+OUTPUT_ONLY = ("tracking",)
+"""Settings that only add places a run's rows are also written, never change what it computes: a finished run is
+not redone, nor a checkpoint refused, when they change."""
+
 CHECKPOINT = "checkpoint.pt"
 """A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.server.checkpoint`)."""
 
