@@ -36,7 +36,7 @@ def test_relative_links_resolve(page: Path) -> None:
 def _runnable() -> set[str]:
     """Every product module with a ``__main__`` block, as ``python -m`` names it."""
     found = set()
-    for package in ("fedsketch", "strategies", "clients", "experiments"):
+    for package in ("fedsketch", "strategies", "clients", "bridge", "experiments", "tests/tools"):
         for file in (ROOT / package).rglob("*.py"):
             if 'if __name__ == "__main__":' in file.read_text(encoding="utf-8"):
                 found.add(".".join(file.relative_to(ROOT).with_suffix("").parts))

@@ -1,4 +1,4 @@
-"""The shared command line of the maps over finished runs (experiments/analysis/map_cli.py)."""
+"""The shared command line of the maps over finished runs (experiments/studies/map_cli.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.analysis import map_cli
+from experiments.studies import map_cli
 
 
 def _draw(found: list[int], folder: Path) -> Path:

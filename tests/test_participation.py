@@ -1,6 +1,6 @@
 """The participation map's reader, table and figure, on run folders written here.
 
-The code: ``experiments/analysis/participation.py``.
+The code: ``experiments/studies/participation.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from run_folders import two_methods, write_seed
 
-from experiments.analysis import participation
+from experiments.studies import participation
 
 
 @pytest.fixture()

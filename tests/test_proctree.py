@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from experiments.flower.proctree import TreeSampler, tag_env
+from experiments.bench.proctree import TreeSampler, tag_env
 
 # A child that starts a grandchild in a session of its own (as Ray starts its processes), and each
 # touches MB megabytes of its own memory, so the tree's PSS is at least 2 x MB.

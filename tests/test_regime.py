@@ -1,4 +1,4 @@
-"""The regime map's reader and figure (experiments/analysis/regime.py), on run folders written here."""
+"""The regime map's reader and figure (experiments/studies/regime.py), on run folders written here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from experiments.analysis import regime
+from experiments.studies import regime
 
 D = 100_000
 

@@ -11,7 +11,7 @@ accuracy against bytes communicated. Two readings at *equal total bytes*
   default), reached only if every seed reaches it.
 
 ``fedsketch run`` and ``fedsketch report`` print :meth:`Comparison.sentence`;
-the participation map (:mod:`experiments.analysis.participation`) applies it per cell.
+the participation map (:mod:`experiments.studies.participation`) applies it per cell.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ The two sides run alternately, ``--runs`` times each, in fresh processes:
 
 For each it prints the median over runs of the seconds a round (median of rounds
 2..30), the whole command, the time to the end of round 1 and the peak PSS of the
-command's process tree (:mod:`experiments.flower.proctree`), and each run's ratio to
+command's process tree (:mod:`experiments.bench.proctree`), and each run's ratio to
 the pfl run beside it (median, range, every one). ``--breakdown`` adds, for the last
 run of each side, the PSS of each kind of process at the tree's peak.
 
@@ -57,7 +57,7 @@ import numpy as np
 from experiments.bench.bench_sim import round_times
 from experiments.bench.peer_tables import Run, print_breakdown, print_table
 from experiments.flower.federation import BACKENDS, RUNTIMES
-from experiments.flower.proctree import TreeSampler, tag_env
+from experiments.bench.proctree import TreeSampler, tag_env
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog
 

@@ -83,7 +83,7 @@ if has cell; then
     git checkout -q experiments/configs/participation_resnet9.toml 2>/dev/null
     tail -n 3 "$RUNS"/cell/logs/*.log | tee -a "$OUT/cell.txt"
     (cd "$RUNS/cell" && tar czf "$OUT/runs.tar.gz" --exclude=client-state --exclude=flwr-home --exclude='*.npz' .)
-    python3 -m experiments.analysis.participation "$RUNS/cell" --out "$OUT" 2>&1 | tee -a "$OUT/cell.txt"
+    python3 -m experiments.studies.participation "$RUNS/cell" --out "$OUT" 2>&1 | tee -a "$OUT/cell.txt"
 fi
 if has tests; then
     timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -6 | tee "$OUT/gpu_tests.log"

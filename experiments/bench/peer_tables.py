@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Literal, NotRequired, TypedDict
 
-from experiments.flower.proctree import TreeSampler
+from experiments.bench.proctree import TreeSampler
 
 Measure = Literal["round_s", "total_s", "first_round_s", "peak_mb"]
 

@@ -17,7 +17,7 @@ one figure, ``regime.png``:
 It also prints the numbers as a Markdown table. The points come back with the
 figure, so a test can check them rather than the pixels.
 
-    python -m experiments.analysis.regime runs [--out docs]
+    python -m experiments.studies.regime runs [--out docs]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.analysis import map_cli
+from experiments.studies import map_cli
 from fedsketch.server import runlog
 
 FIGURE = "regime.png"
@@ -288,7 +288,7 @@ def _number(value: object) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m experiments.analysis.regime RUNS_DIR [--out DIR]``."""
+    """``python -m experiments.studies.regime RUNS_DIR [--out DIR]``."""
     return map_cli.run(argv, "regime", __doc__.split("\n")[0], collect, table, draw, "FetchSGD runs")
 
 

@@ -10,7 +10,7 @@ num-clients``). This module reads them and compares every method of a cell
 (model, times) at equal total bytes (:mod:`experiments.analysis.equal_bytes`: accuracy
 at the cell's budget, bytes to its target).
 
-``python -m experiments.analysis.participation RUNS [--out DIR]`` prints the table and
+``python -m experiments.studies.participation RUNS [--out DIR]`` prints the table and
 draws ``participation.png`` (one panel per cell: accuracy against total bytes,
 mean and min-max band over seeds). docs/regime.md holds the measured map.
 """
@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from experiments.analysis import map_cli
+from experiments.studies import map_cli
 from experiments.analysis.equal_bytes import Comparison, compare
 from experiments.analysis.plots import BytesFormatter, BytesLocator, curve
 from experiments.analysis.results import RunGroup, Spread, collect_groups, format_bytes, format_spread
@@ -181,7 +181,7 @@ def draw(cells: Sequence[Cell], out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m experiments.analysis.participation RUNS_DIR [--out DIR]``."""
+    """``python -m experiments.studies.participation RUNS_DIR [--out DIR]``."""
     return map_cli.run(argv, "participation", __doc__.split("\n")[0], collect, table, draw, "cells")
 
 

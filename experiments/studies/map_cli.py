@@ -1,5 +1,5 @@
-"""The command line of a map over finished runs (:mod:`~experiments.analysis.regime`,
-:mod:`~experiments.analysis.participation`): read the runs, print the table, draw the figure."""
+"""The command line of a map over finished runs (:mod:`~experiments.studies.regime`,
+:mod:`~experiments.studies.participation`): read the runs, print the table, draw the figure."""
 
 from __future__ import annotations
 
