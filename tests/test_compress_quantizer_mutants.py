@@ -4,7 +4,7 @@ Each randomized quantizer is checked coordinate by coordinate: the reference rep
 float64 with ``torch.rand`` from a generator seeded as the compressor seeds its own (docs/mutation.md,
 "compress_codecs"). The vectors have exact float32 norms (Pythagorean buckets, scaled by 1/8 so that
 every norm is below 1), so the decoded values are compared to the bit. Unbiasedness is a property over
-many seeds, checked in tests/test_compress_quantizers.py.
+many seeds, checked in tests/fedsketch/compress/test_quantizers.py.
 """
 
 from __future__ import annotations

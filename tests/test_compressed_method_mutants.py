@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from method_helpers import PARTS
+from tests.method_helpers import PARTS
 
 from fedsketch.algorithms import topk_sgd
 from fedsketch.compress import derive_seed, registry, signsgd

@@ -1,6 +1,6 @@
 """FedAdam's server step (Reddi et al., ICLR 2021, Algorithm 2): where its moments live, and its message.
 
-Each test pins a behaviour of :mod:`fedsketch.algorithms.fedadam` that tests/test_fedadam.py
+Each test pins a behaviour of :mod:`fedsketch.algorithms.fedadam` that tests/fedsketch/algorithms/test_fedadam.py
 passes through without checking (docs/mutation.md, the algorithms' section).
 """
 

@@ -2,7 +2,7 @@
 
 Rothchild et al., ICML 2020, Algorithm 1, on a sketch with no collisions (``d <= cols``, one
 chunk): every estimate is exact, so each round is the dense algorithm, to the bit in float64.
-Each test pins a behaviour of :mod:`fedsketch.algorithms.fetchsgd` that tests/test_fetchsgd.py
+Each test pins a behaviour of :mod:`fedsketch.algorithms.fetchsgd` that tests/fedsketch/algorithms/test_fetchsgd.py
 passes through without checking (docs/mutation.md, the algorithms' section).
 """
 

@@ -1,7 +1,7 @@
 """The Count Sketch's edges: its bounds and messages, its operators, its device and dtype, and top-k's second pass.
 
 Each test pins a behaviour of :mod:`fedsketch.sketch.count_sketch` (FetchSGD, Rothchild et al., ICML 2020) that
-tests/test_sketch.py passes through without checking (docs/mutation.md, fourth module).
+tests/fedsketch/sketch/test_count_sketch.py passes through without checking (docs/mutation.md, fourth module).
 """
 
 from __future__ import annotations

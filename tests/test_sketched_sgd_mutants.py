@@ -1,7 +1,7 @@
 """Sketched-SGD's bounds and messages, a client without momentum, and where a client's tables live.
 
 Ivkin et al., NeurIPS 2019, Algorithm 2; each test pins a behaviour of
-:mod:`fedsketch.algorithms.sketched_sgd` that tests/test_sketched_sgd.py passes through without
+:mod:`fedsketch.algorithms.sketched_sgd` that tests/fedsketch/algorithms/test_sketched_sgd.py passes through without
 checking (docs/mutation.md, the algorithms' section).
 """
 

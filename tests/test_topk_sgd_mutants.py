@@ -1,7 +1,7 @@
 """The top-k servers' defaults, bounds and messages, and the float32 state they keep.
 
 FetchSGD (Rothchild et al., ICML 2020, Sec. 6) compares with true top-k and local top-k; each
-test pins a behaviour of :mod:`fedsketch.algorithms.topk_sgd` that tests/test_topk_sgd.py passes
+test pins a behaviour of :mod:`fedsketch.algorithms.topk_sgd` that tests/fedsketch/algorithms/test_topk_sgd.py passes
 through without checking (docs/mutation.md, the algorithms' section).
 """
 

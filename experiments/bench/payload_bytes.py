@@ -6,7 +6,7 @@ through the real strategy and the real ClientApp in this process
 what it is sent are the serialized records the run would bill, counted by the
 same code. The arrays column is what one client's first upload holds. The
 exact byte count of each layout is checked against its formula in
-``tests/test_methods.py``.
+``tests/fedsketch/methods/test_compressed.py``.
 
     python -m experiments.bench.payload_bytes                                   # experiments/configs/baselines.toml
     python -m experiments.bench.payload_bytes experiments/configs/default.toml

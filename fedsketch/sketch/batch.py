@@ -5,7 +5,7 @@ FetchSGD's clients (Rothchild et al., ICML 2020) each upload the Count Sketch of
 at a time costs a hash and a few kernel launches per block per client. Here every block's buckets and
 signs are computed once and added for all the vectors in one ``index_add_``. The hash functions are
 :mod:`fedsketch.sketch.hashing`'s, so each table equals :class:`fedsketch.sketch.count_sketch.CountSketch`'s up to the order of
-float additions (tests/test_sketch_tables.py); what it bought on a GPU: docs/simulation.md.
+float additions (tests/fedsketch/sketch/test_batch.py); what it bought on a GPU: docs/simulation.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ throughput of a large batch. This is the per-sample-gradient technique of
 ``torch.func`` (Horace He and Richard Zou, functorch) applied per client.
 
 Exactness: in float64 the batched gradients equal the one-at-a-time ones to
-rounding (tests/test_batched.py); in float32 they differ by rounding only,
+rounding (tests/fedsketch/training/test_batched.py); in float32 they differ by rounding only,
 which normalization over a few samples can amplify to about 1e-3 relative.
 Batch normalization in training mode normalizes each client's batch with its
 own statistics, as one client at a time does; its running statistics (not
@@ -27,8 +27,8 @@ al., ICML 2013) the momentum buffers are stacked the same way, one row a
 client, and start from nothing in every call. Each client draws its batches
 from its own generator, step by step, as :func:`~fedsketch.training.local.local_update`
 does, so every client sees the same batches in the same order; in float64 its
-delta equals the one-at-a-time one to rounding (tests/test_batched_local.py,
-tests/test_client_momentum.py).
+delta equals the one-at-a-time one to rounding (tests/fedsketch/training/test_batched_local.py,
+tests/fedsketch/training/test_local_momentum.py).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROUND = "tests/test_round_math.py"
-EXACT = "tests/test_client_state_exact.py"
-STEP = "tests/test_fetchsgd.py"
-PATHS = "tests/test_sketch_paths.py tests/test_sketch.py"
-MOMENTUM = "tests/test_client_momentum.py tests/test_batched_local.py"
+ROUND = "tests/strategies/test_strategy_round_math.py"
+EXACT = "tests/fedsketch/client/test_state_exact.py"
+STEP = "tests/fedsketch/algorithms/test_fetchsgd.py"
+PATHS = "tests/fedsketch/sketch/test_count_sketch_paths.py tests/fedsketch/sketch/test_count_sketch.py"
+MOMENTUM = "tests/fedsketch/training/test_local_momentum.py tests/fedsketch/training/test_batched_local.py"
 """The fast test files that several faults name."""
 
 

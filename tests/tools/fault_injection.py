@@ -16,7 +16,7 @@ seconds it took) and exits non-zero if any fault is missed. A first line runs
 all the named tests on the unmodified copy: they must pass, or "caught" means
 nothing. A snippet that no longer matches exactly once is an error, so a
 refactor that moves code is told to update this list
-(``tests/test_fault_injection.py`` checks that on every fast run). The list: :mod:`tests.tools.fault_list`.
+(``tests/tools/test_fault_injection.py`` checks that on every fast run). The list: :mod:`tests.tools.fault_list`.
 
     python -m tests.tools.fault_injection               # every fault
     python -m tests.tools.fault_injection --only f-window-off-by-one b-sketched-lr

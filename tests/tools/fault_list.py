@@ -1,7 +1,7 @@
 """The faults :mod:`tests.tools.fault_injection` injects: one exact text substitution each, and the tests
 that must then fail (FetchSGD, Rothchild et al., ICML 2020; Sketched-SGD, Ivkin et al., NeurIPS 2019).
 
-A snippet that no longer matches exactly once is an error (``tests/test_fault_injection.py``), so a
+A snippet that no longer matches exactly once is an error (``tests/tools/test_fault_injection.py``), so a
 refactor that moves code is told to update this list.
 """
 
@@ -58,7 +58,7 @@ FAULTS: tuple[Fault, ...] = (
         "fedsketch/training/local.py",
         "p.add_(p.grad + weight_decay * p, alpha=-lr)",
         "p.add_(p.grad, alpha=-lr)",
-        "tests/test_local.py",
+        "tests/fedsketch/training/test_local.py",
         "a client's local SGD steps drop the weight decay",
     ),
     _fault(
@@ -66,7 +66,7 @@ FAULTS: tuple[Fault, ...] = (
         "fedsketch/training/local.py",
         "torch.sub(weights.to(end.dtype), end, out=end)",
         "torch.sub(weights.to(end.dtype), end, out=weights)",
-        "tests/test_local.py",
+        "tests/fedsketch/training/test_local.py",
         "a client's update overwrites the global weights it started from",
     ),
     _fault(
@@ -123,7 +123,7 @@ FAULTS: tuple[Fault, ...] = (
         "clients/runtime/simulation_backend.py",
         "PICKUP_S_PER_NODE = 0.005",
         "PICKUP_S_PER_NODE = 0.05",
-        "tests/test_simulation_backend.py",
+        "tests/clients/runtime/test_simulation_backend.py",
         "the in-process engine picks up a round's messages only every 0.1 s, as Flower's own loop does",
     ),
     _fault(
@@ -131,7 +131,7 @@ FAULTS: tuple[Fault, ...] = (
         "fedsketch/client/uploads.py",
         "largest = max(abs(float(low)), abs(float(high)))",
         "largest = abs(float(high))",
-        "tests/test_array_encoding.py",
+        "tests/bridge/test_messages_arrays.py",
         "a reply's array whose largest magnitude is negative passes the server's bound",
     ),
     _fault(
@@ -139,7 +139,7 @@ FAULTS: tuple[Fault, ...] = (
         "bridge/messages.py",
         "    return header.getvalue()",
         '    return header.getvalue().rstrip(b" \\n") + b"\\n"',
-        "tests/test_array_encoding.py",
+        "tests/bridge/test_messages_arrays.py",
         "a reply's arrays are encoded with a header np.save would not write (bytes counted differently)",
     ),
     _fault(
@@ -147,7 +147,7 @@ FAULTS: tuple[Fault, ...] = (
         "strategies/replies.py",
         "configs, metric_records = found.configs, found.metrics",
         "configs, metric_records = content.config_records, content.metric_records",
-        "tests/test_records.py",
+        "tests/bridge/test_messages_records.py",
         "the server reads replies through Flower's typed views, whose reference cycles keep a round's replies alive",
     ),
     _fault(
@@ -155,7 +155,7 @@ FAULTS: tuple[Fault, ...] = (
         "strategies/replies.py",
         "    content.pop(key, None)\n    return found.arrays.pop(key, None)",
         "    return found.arrays.pop(key, None)",
-        "tests/test_records.py",
+        "tests/bridge/test_messages_records.py",
         "the server leaves each client's arrays in its reply after decoding a copy: a dense round's bytes twice",
     ),
     _fault(
@@ -163,7 +163,7 @@ FAULTS: tuple[Fault, ...] = (
         "bridge/messages.py",
         "index, chunks = _distinct(pieces, lambda c: len(c[0]) + len(c[1]), _same_bytes)",
         "index, chunks = _distinct(pieces, lambda c: len(c[0]) + len(c[1]), lambda a, b: False)",
-        "tests/test_wire_bytes.py",
+        "tests/bridge/test_messages_wire_bytes.py",
         "identical chunks of an array are counted twice, though Flower sends them once",
     ),
     _fault(
@@ -171,7 +171,7 @@ FAULTS: tuple[Fault, ...] = (
         "bridge/messages.py",
         "+ len(str(body)) + len(HEAD_BODY_DIVIDER)",
         "+ len(HEAD_BODY_DIVIDER)",
-        "tests/test_wire_bytes.py",
+        "tests/bridge/test_messages_wire_bytes.py",
         "an object's header is counted without its body length",
     ),
     _fault(

@@ -81,7 +81,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/algorithms/fetchsgd.py",
         "indices, values = error_sketch.topk(params.k)",
         "indices = torch.arange(params.k); values = error_sketch.estimate(indices)",
-        "tests/test_fetchsgd.py::test_subtract_variant_conserves_mass_in_sketch_space",
+        "tests/fedsketch/algorithms/test_fetchsgd.py::test_subtract_variant_conserves_mass_in_sketch_space",
         "FetchSGD applies the first k coordinates, not the top k (mass still conserved)",
     ),
     _fault(
@@ -89,7 +89,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/algorithms/sketched_sgd.py",
         "top = torch.topk(exact.abs(), min(params.k, exact.numel()), sorted=False).indices",
         "top = torch.topk(exact, min(params.k, exact.numel()), sorted=False).indices",
-        "tests/test_sketched_sgd.py::test_error_accumulation_conserves_mass_over_rounds",
+        "tests/fedsketch/algorithms/test_sketched_sgd.py::test_error_accumulation_conserves_mass_over_rounds",
         "Sketched-SGD ranks the exact sums by signed value, not magnitude (mass still conserved)",
     ),
     _fault(
@@ -97,7 +97,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/algorithms/topk_sgd.py",
         "support = torch.topk(error.abs(), params.k, sorted=False).indices",
         "support = torch.topk(error, params.k, sorted=False).indices",
-        "tests/test_topk_sgd.py::test_true_topk_conserves_mass",
+        "tests/fedsketch/algorithms/test_topk_sgd.py::test_true_topk_conserves_mass",
         "true top-k ranks by signed value, not magnitude (mass still conserved)",
     ),
     # ---- client state, downloads, PowerSGD, the one weighted mean
@@ -122,7 +122,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/server/download.py",
         "idx = torch.nonzero(ledger.changed_at >= since).flatten()",
         "idx = torch.nonzero(ledger.changed_at > since).flatten()",
-        "tests/test_download.py",
+        "tests/fedsketch/server/test_download.py",
         "a catch-up leaves out the coordinates changed in the round the client last synced",
     ),
     _fault(
@@ -130,7 +130,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/algorithms/powersgd.py",
         "parts = [orthogonalize(f) for f in _factors(flat, p, side)]",
         "parts = _factors(flat, p, side)",
-        "tests/test_powersgd.py",
+        "tests/fedsketch/algorithms/test_powersgd.py",
         "PowerSGD's P and Q are used without orthogonalization",
     ),
     _fault(
@@ -138,7 +138,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/methods/powersgd.py",
         '{"error": powersgd.residual(target, p_hat, q, p)}',
         '{"error": torch.zeros_like(target)}',
-        "tests/test_powersgd.py",
+        "tests/fedsketch/algorithms/test_powersgd.py",
         "PowerSGD clients drop what their factors did not carry",
     ),
     _fault(
@@ -154,7 +154,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/algorithms/fidelity.py",
         "support = support[error[support] != 0]",
         "support = support",
-        "tests/test_sketch_fidelity.py",
+        "tests/fedsketch/algorithms/test_fidelity_diagnostic.py",
         "the diagnostic's recall counts zeros of a sparse error as part of the true top-k",
     ),
     _fault(
@@ -162,7 +162,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "clients/runtime/simulation_backend.py",
         "self.app(message=delivered(message), context=context)",
         "self.app(message=message, context=context)",
-        "tests/test_simulation_backend.py",
+        "tests/clients/runtime/test_simulation_backend.py",
         "the in-process backend hands the sender's own message to the ClientApp",
     ),
     _fault(
@@ -170,7 +170,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/client/cohort.py",
         '_THREAD.__dict__.setdefault("models", {})',
         'globals().setdefault("_SHARED", {})',
-        "tests/test_simulation_backend.py",
+        "tests/clients/runtime/test_simulation_backend.py",
         "every thread of the simulation process trains on one scratch model",
     ),
 )

@@ -1,7 +1,7 @@
 """The product files one round passes through, traced in a real Flower simulation.
 
 docs/architecture.md ("One FetchSGD round, file by file") lists the files a
-round of the default job runs; ``tests/test_round_files.py`` checks that list
+round of the default job runs; ``tests/tools/test_round_files.py`` checks that list
 against this trace. The run goes through :func:`experiments.flower.one_process.simulate`
 in this process, as ``fedsketch run`` does in its simulation process, with a
 profile hook on every thread that records each Python function called from

@@ -1,0 +1,67 @@
+"""experiments/flower/launch.py's stage_app: `flwr run` gets a copy of exactly the files Flower would put in the FAB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from flwr.cli.utils import collect_files, filter_paths_for_publish
+
+from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _fab_files(app_dir: Path) -> dict[str, bytes]:
+    """What `flwr run APP_DIR` itself would pack: every file below it, then Flower's filter."""
+    picked = filter_paths_for_publish(collect_files(app_dir))
+    return {rel: src if isinstance(src, bytes) else src.read_bytes() for rel, src in picked.items()}
+
+
+def test_the_staged_app_holds_the_files_flower_would_pack_and_nothing_else(tmp_path: Path) -> None:
+    staged = stage_app(ROOT, tmp_path / "app")
+    assert staged == tmp_path / "app"
+    copied = {p.relative_to(staged).as_posix(): p.read_bytes() for p in staged.rglob("*") if p.is_file()}
+    expected = _fab_files(ROOT)
+    assert "pyproject.toml" in copied and "clients/client_app.py" in copied
+    assert copied.keys() == expected.keys()
+    assert copied == expected
+
+
+def test_ignored_folders_are_skipped_and_a_new_staging_replaces_the_old(tmp_path: Path) -> None:
+    app = tmp_path / "src"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "mod.py").write_text("X = 1\n")
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (app / ".gitignore").write_text("big/\n*.log\n")
+    (app / "big" / "deep").mkdir(parents=True)
+    (app / "big" / "deep" / "skip.py").write_text("raise SystemExit\n")
+    (app / "pkg" / "run.log").write_text("noise\n")
+    staged = stage_app(app, tmp_path / "app")
+    assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()) == sorted(_fab_files(app))
+    assert not (staged / "big").exists() and (staged / "pkg" / "mod.py").read_text() == "X = 1\n"
+    (app / "pkg" / "mod.py").unlink()
+    assert not (stage_app(app, staged) / "pkg" / "mod.py").exists()
+
+
+def test_staging_into_the_app_itself_is_refused_before_anything_is_deleted(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    for dest in (app, tmp_path):
+        with pytest.raises(ValueError, match="it would be deleted first"):
+            stage_app(app, dest)
+    assert (app / "pyproject.toml").exists()
+
+
+def test_an_inprocess_run_is_staged_with_the_inprocess_clientapp_only(tmp_path: Path) -> None:
+    """The in-process backend's one switch: the staged copy names it as the ClientApp; the project keeps its own."""
+    staged = stage_app(ROOT, tmp_path / "app", INPROCESS_CLIENTAPP)
+    text = (staged / "pyproject.toml").read_text()
+    assert f'clientapp = "{INPROCESS_CLIENTAPP}"' in text and "clients.client_app:app" not in text
+    assert 'clientapp = "clients.client_app:app"' in (ROOT / "pyproject.toml").read_text()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ValueError, match="names no one clientapp component"):
+        stage_app(bare, tmp_path / "bare-staged", INPROCESS_CLIENTAPP)

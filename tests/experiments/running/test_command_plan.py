@@ -1,0 +1,108 @@
+"""``fedsketch run`` validates, then runs its plan in a process that never imports torch.
+
+The plan and its runner: ``experiments/running/command_plan.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.flower.federation import Federation
+from experiments.flower.one_process import SPARE_LOG
+from experiments.running import runner
+from experiments.running.command_plan import Plan, PlannedRun
+from fedsketch.server import runlog
+
+ROOT = Path(__file__).resolve().parents[3]
+WATCHING_HALF = [
+    "experiments.cli",
+    "experiments.running.command_plan",
+    "experiments.running.runner",
+    "experiments.flower.launch",
+    "experiments.running.progress",
+    "experiments.running.stopping",
+    "experiments.analysis.results",
+    "fedsketch.server.runlog",
+]
+
+
+def _experiment(tmp_path: Path) -> runner.Experiment:
+    overrides = {"out-dir": str(tmp_path), "num-rounds": 3, "experiment": "plan"}
+    config = ROOT / "experiments" / "configs" / "default.toml"
+    return runner.load_experiment(config, overrides, seeds=2, strategies=["fetchsgd", "fedavg"])
+
+
+def test_a_plan_read_back_names_the_same_runs_folders_and_settings(tmp_path: Path) -> None:
+    experiment = _experiment(tmp_path)
+    federation = Federation(num_supernodes=3, cpus_per_client=1, gpus_per_client=0.5, backend="ray")
+    plan = Plan.from_json(Plan.of(experiment.runs, federation, plot=False).to_json())
+    assert (plan.federation, plan.plot, len(plan.runs)) == (federation, False, 4)
+    for cfg, run in zip(experiment.runs, plan.runs, strict=True):
+        assert run.to_mapping() == cfg.to_mapping()
+        assert runlog.run_dir(run) == runlog.run_dir(cfg) and runner.describe(run) == runner.describe(cfg)
+        assert (run.num_rounds, run.checkpoint_every) == (cfg.num_rounds, cfg.checkpoint_every)
+    assert runner.prepare(plan.runs[1]).joinpath("run_config.toml").is_file()
+    assert not runner.is_finished(plan.runs[1])
+
+
+def test_an_unknown_backend_in_a_plan_is_refused() -> None:
+    text = Plan((PlannedRun({"experiment": "x"}),), Federation(), plot=True).to_json().replace("inprocess", "threads")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Plan.from_json(text)
+
+
+def test_the_watching_half_imports_no_torch() -> None:
+    code = (
+        f"import sys\nfor m in {WATCHING_HALF!r}: __import__(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:500]
+
+
+@pytest.mark.slow
+def test_run_as_a_program_watches_flower_from_the_same_pid_without_torch(tmp_path: Path) -> None:
+    args = [
+        "run",
+        "--out",
+        str(tmp_path),
+        "--strategies",
+        "fedavg",
+        "--no-plot",
+        "--set",
+        "num-rounds=40",
+        "--set",
+        "eval-every=1",
+        "--set",
+        "num-clients=20",
+        "--set",
+        "clients-per-round=10",
+    ]
+    log = tmp_path / "cli.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
+    metrics = tmp_path / "default" / "fedavg" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    finally:
+        code = proc.wait(timeout=300)
+    assert b"run-plan" in cmdline, (cmdline, log.read_text()[-2000:])
+    assert "libtorch" not in maps
+    assert code == 0, log.read_text()[-2000:]
+    assert "fedavg seed 0: finished" in log.read_text()
+    flower_log = (tmp_path / "default" / "fedavg" / "flower.log").read_text(errors="replace")
+    assert runlog.SERVER_DONE_LOG in flower_log  # Flower was stopped only once the ServerApp's logs were all in
+    assert SPARE_LOG in flower_log  # the simulation process started before the forecast went on across the exec
+    plan_file = Path(cmdline[cmdline.index(b"run-plan") + 1].decode())
+    assert not plan_file.exists()
