@@ -34,12 +34,12 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:
     shared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
-    group = mr.Group("g", ("strategies/billing.py", "fedsketch/sketch/checks.py"), ("tests/test_billing_mutants.py",))
+    group = mr.Group("g", ("strategies/billing.py", "fedsketch/sketch/checks.py"), ("tests/strategies/test_billing.py",))
     settings = mr.mutmut_settings(shared, group)
     assert settings["source_paths"] == ["fedsketch/", "strategies/"]
     assert settings["also_copy"] == ["clients/", "experiments/"]
     assert settings["only_mutate"] == ["strategies/billing.py", "fedsketch/sketch/checks.py"]
-    assert settings["pytest_add_cli_args_test_selection"] == ["tests/test_billing_mutants.py"]
+    assert settings["pytest_add_cli_args_test_selection"] == ["tests/strategies/test_billing.py"]
     assert settings["process_isolation"] == "forkserver"  # the shared settings are kept
     text = mr.with_mutmut_table((ROOT / "pyproject.toml").read_text(), settings)
     data = tomllib.loads(text)

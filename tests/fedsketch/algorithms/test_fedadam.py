@@ -1,4 +1,8 @@
-"""FedAdam's server step (Reddi et al., ICLR 2021, Algorithm 2), checked without Flower."""
+"""FedAdam's server step (Reddi et al., ICLR 2021, Algorithm 2) without Flower: values, moments, message.
+
+The last tests pin what the first ones pass through without checking (docs/mutation.md, the algorithms'
+section).
+"""
 
 from __future__ import annotations
 
@@ -51,3 +55,19 @@ def test_the_method_steps_on_the_weighted_mean_and_checks_its_settings() -> None
     torch.testing.assert_close(delta, expected)
     with pytest.raises(ConfigError, match="fedadam-beta2"):
         RunConfig.from_mapping({"strategy": "fedadam", "fedadam-beta2": 1.5})
+
+
+# where the moments live, and the message --------------------------------------------------------------------
+
+
+def test_both_moments_live_on_the_device_asked_for() -> None:
+    state = fedadam.init(4, "meta")
+    assert state.m.device.type == state.v.device.type == "meta"
+    assert state.m.shape == state.v.shape == (4,)
+    cpu = fedadam.init(4)
+    assert cpu.m.device.type == cpu.v.device.type == "cpu"
+
+
+def test_an_update_of_the_wrong_shape_is_refused_with_both_shapes() -> None:
+    with pytest.raises(ValueError, match=r"^update has shape \(5,\); expected \(4,\)$"):
+        fedadam.step(fedadam.init(4), torch.zeros(5), 0.1, beta1=0.9, beta2=0.99, tau=1e-3)
