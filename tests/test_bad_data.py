@@ -108,7 +108,7 @@ CASES = {
                                 r"badlab:unseeded is not deterministic in its seed: parameter '1.weight' differs"),
     "natural without client ids": (_no_fault, {"partition": "natural"}, r"has no natural clients \(no client ids\)"),
     "too few classes": (_no_fault, {"partition": "pathological", "classes-per-client": 12},
-                        r"classes_per_client is 12 but the data has only 10 classes"),
+                        r"setting 'classes-per-client' is 12 but the data has only 10 classes"),
     "a client left empty": (_no_fault, {"partition": "iid", "num-clients": 250, "clients-per-round": 10},
                             r"cannot give 250 clients a sample each from 200 samples"),
     "num-classes of a fixed data set": (_no_fault, {"dataset": "synthetic", "num-classes": 12},

@@ -132,7 +132,7 @@ def table(cells: Sequence[Cell]) -> str:
     for c in cells:
         cmp = c.comparison
         best, fastest = cmp.best_at_budget(), cmp.fewest_to_target()
-        margin = "" if cmp.separated() else " (seed bands overlap)"
+        margin = cmp.margin()
         lines.append(
             f"| {c.row} | ~{c.times}x | {format_bytes(cmp.budget)} | {cmp.target:.4f} | {best.name}{margin} "
             f"| {fastest.name if fastest else 'none'} |"
