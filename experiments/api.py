@@ -37,10 +37,8 @@ import numpy as np
 from experiments.flower.federation import Federation
 from experiments.running import runner
 from experiments.running.runner import Experiment
+from fedsketch.runlog import INPUTS
 from fedsketch.setting import ConfigError
-
-INPUTS = "_inputs"
-"""The folder under the results folder that holds data objects and pickled builders handed to :func:`run`."""
 
 
 class RunFailed(RuntimeError):
@@ -93,7 +91,9 @@ def run(
     if data is not None:
         overrides.update(data_settings(data, out))
     experiment = prepare(config, overrides, out, seeds, strategies)
-    code = execute(experiment, federation(supernodes, None, backend, runtime), plot)
+    fed = federation(supernodes, None, backend, runtime)
+    check_placement(experiment, fed)
+    code = execute(experiment, fed, plot)
     if code in (130, 143):
         raise KeyboardInterrupt
     unfinished = [runner.describe(cfg) for cfg in experiment.runs if not runner.is_finished(cfg)]
@@ -122,6 +122,8 @@ def prepare(
     )
     for checked in check_runs(experiment.runs):
         print(f"fedsketch: {checked.describe()}")
+        for line in checked.warnings:
+            print(f"fedsketch: warning: {line}")
     return experiment
 
 
@@ -150,6 +152,24 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_placement(experiment: Experiment, fed: Federation) -> None:
+    """Every run's ``device`` against what the federation's backend gives its workers
+    (:func:`experiments.flower.federation.check_device`).
+
+    Raises
+    ------
+    ConfigError
+        For a device the backend's workers cannot see.
+    """
+    from experiments.flower.federation import check_device
+
+    for name in sorted({cfg.device for cfg in experiment.runs}):
+        try:
+            check_device(name, fed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:

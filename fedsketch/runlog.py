@@ -37,6 +37,11 @@ SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
+INPUTS = "_inputs"
+"""The folder under the results folder (``out-dir``) for a command's inputs: data objects and builders the Python
+API was handed (:mod:`experiments.api`), and data a command loaded for its Flower processes
+(:mod:`fedsketch.data.handoff`)."""
+
 CHECKPOINT = "checkpoint.pt"
 """A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.checkpoint`)."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fedsketch import entry
+from fedsketch import device, entry
 from fedsketch.data import DataSpec, FederatedData, load_federated, registry
 from fedsketch.local import LocalSpec
 from fedsketch.models import build_model
@@ -73,9 +73,6 @@ def local_spec(cfg: RunConfig) -> LocalSpec:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("setting 'device' is 'cuda' but no CUDA device is available")
-    return torch.device(name)
+    """``auto`` picks CUDA when present; asking for a CUDA device this process does not see is an error
+    (:func:`fedsketch.device.resolve`)."""
+    return device.resolve(name)
