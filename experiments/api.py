@@ -108,8 +108,13 @@ def prepare(
     out: Path,
     seeds: int | None = None,
     strategies: Sequence[str] | None = None,
+    hand_over: bool = True,
 ) -> Experiment:
-    """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    """The experiment's runs, each checked with its data and model before anything starts; prints what was found.
+
+    ``hand_over``: the runs will run next, so data loaded for the checks is written for their Flower processes
+    (:func:`experiments.running.preflight.check_runs`); ``fedsketch plan`` runs none.
+    """
     from experiments.flower.app_files import check_app_config
     from experiments.running.command_plan import APP_DIR
     from experiments.running.preflight import check_runs
@@ -120,7 +125,7 @@ def prepare(
     experiment = runner.load_experiment(
         Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None
     )
-    for checked in check_runs(experiment.runs):
+    for checked in check_runs(experiment.runs, hand_over=hand_over):
         print(f"fedsketch: {checked.describe()}")
         for line in checked.warnings:
             print(f"fedsketch: warning: {line}")

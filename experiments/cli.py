@@ -156,7 +156,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
-    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+    out = args.out.resolve()
+    experiment = api.prepare(args.config, overrides, out, args.seeds, strategies, hand_over=False)  # all checked
     print(forecast.render(*forecast.forecast(experiment.runs, args.supernodes)))
     return 0
 

@@ -71,11 +71,12 @@ class Checked:
         )
 
 
-def check_runs(runs: Iterable[RunConfig], here: bool = True) -> list[Checked]:
+def check_runs(runs: Iterable[RunConfig], here: bool = True, hand_over: bool = True) -> list[Checked]:
     """Every run's data and model checks (once per distinct data set and model); what each distinct pair is.
 
     ``here``: the runs will run on this machine (not on a deployment kit's devices): their ``device`` is checked
-    against this machine's GPUs, and data that takes its own time to load is handed to their Flower processes.
+    against this machine's GPUs, and data that takes its own time to load is loaded first, timed; with
+    ``hand_over`` (Flower's processes will run them: not for ``fedsketch plan``) that data is written for them.
 
     Raises
     ------
@@ -101,7 +102,7 @@ def check_runs(runs: Iterable[RunConfig], here: bool = True) -> list[Checked]:
         check_against_model(cfg, found[key].d)
         said = tuple(sketch_regime.shape_warnings(cfg, found[key].d, describe(cfg)))
         found[key] = replace(found[key], warnings=found[key].warnings + said)
-    if here and runs:  # every check passed: what was loaded goes to the runs' Flower processes
+    if here and hand_over and runs:  # every check passed: what was loaded goes to the runs' Flower processes
         for name, path in handoff.hand_over(runs[0].out_dir):
             print(f"fedsketch: {name}: Flower's processes read it from {path} instead of loading it again")
     return list(found.values())
