@@ -39,10 +39,8 @@ import numpy as np
 from experiments.flower.federation import Federation
 from experiments.running import runner
 from experiments.running.runner import Experiment
+from fedsketch.server.runlog import INPUTS
 from fedsketch.settings.setting import ConfigError
-
-INPUTS = "_inputs"
-"""The folder under the results folder that holds data objects and pickled builders handed to :func:`run`."""
 
 
 class RunFailed(RuntimeError):
@@ -90,7 +88,9 @@ def run(
     """
     out = Path(out).resolve()
     experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
-    code = execute(experiment, federation(supernodes, None, backend, runtime), plot)
+    fed = federation(supernodes, None, backend, runtime)
+    check_placement(experiment, fed)
+    code = execute(experiment, fed, plot)
     if code in (130, 143):
         raise KeyboardInterrupt
     unfinished = [runner.describe(cfg) for cfg in experiment.runs if not runner.is_finished(cfg)]
@@ -123,7 +123,7 @@ def plan(
     from experiments.running import forecast
 
     out = Path(out).resolve()
-    experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
+    experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies, hand_over=False)
     return forecast.render(*forecast.forecast(experiment.runs, supernodes))
 
 
@@ -146,8 +146,13 @@ def prepare(
     out: Path,
     seeds: int | None = None,
     strategies: Sequence[str] | None = None,
+    hand_over: bool = True,
 ) -> Experiment:
-    """The experiment's runs, each checked with its data and model before anything starts; prints what was found."""
+    """The experiment's runs, each checked with its data and model before anything starts; prints what was found.
+
+    ``hand_over``: the runs will run next, so data loaded for the checks is written for their Flower processes
+    (:func:`experiments.running.preflight.check_runs`); ``fedsketch plan`` runs none.
+    """
     from experiments.analysis import tracking
     from experiments.flower.app_files import check_app_config
     from experiments.running.command_plan import APP_DIR
@@ -160,8 +165,10 @@ def prepare(
         Path(config) if config else runner.DEFAULT_CONFIG, overrides, seeds, list(strategies) if strategies else None
     )
     tracking.check(experiment.runs)  # before the data is loaded: a missing package is refused at once
-    for checked in check_runs(experiment.runs):
+    for checked in check_runs(experiment.runs, hand_over=hand_over):
         print(f"fedsketch: {checked.describe()}")
+        for line in checked.warnings:
+            print(f"fedsketch: warning: {line}")
     return experiment
 
 
@@ -190,6 +197,24 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_placement(experiment: Experiment, fed: Federation) -> None:
+    """Every run's ``device`` against what the federation's backend gives its workers
+    (:func:`experiments.flower.federation.check_device`).
+
+    Raises
+    ------
+    ConfigError
+        For a device the backend's workers cannot see.
+    """
+    from experiments.flower.federation import check_device
+
+    for name in sorted({cfg.device for cfg in experiment.runs}):
+        try:
+            check_device(name, fed)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:

@@ -137,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides = runner.parse_overrides(args.overrides)
         experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
         federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
+        api.check_placement(experiment, federation)
         validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
         todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
         if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
@@ -155,7 +156,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
-    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+    out = args.out.resolve()
+    experiment = api.prepare(args.config, overrides, out, args.seeds, strategies, hand_over=False)  # all checked
     print(forecast.render(*forecast.forecast(experiment.runs, args.supernodes)))
     return 0
 
@@ -247,7 +249,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 args.seeds,
                 str(args.out),
             )
-            check_runs(runs)
+            check_runs(runs, here=False)  # they run on the devices, not here
             tracking.refuse_in_kit(runs)
             print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0

@@ -13,7 +13,6 @@ from the fields' docs (``python -m tests.tools.settings_doc``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -22,6 +21,7 @@ from typing import Any, get_type_hints
 
 from fedsketch import validate
 from fedsketch.methods import METHODS
+from fedsketch.settings import suggest
 from fedsketch.settings.setting import ConfigError, Setting, coerce, parse_extras
 
 DECLARED: dict[str, Setting[Any]] = {s.key: s for m in METHODS for s in m.settings}
@@ -132,7 +132,7 @@ class RunConfig:
         Raises
         ------
         ConfigError
-            For an unknown key (with the closest known one), a value of the wrong
+            For an unknown key (with the known ones it may mean, :mod:`fedsketch.settings.suggest`), a value of the wrong
             type, or a value out of range.
         """
         base = base if base is not None else cls()
@@ -146,9 +146,8 @@ class RunConfig:
             elif key in known:
                 updates[known[key]] = coerce(key, value, hints[known[key]])
             else:
-                near = difflib.get_close_matches(key, [*known, *DECLARED], n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
-                raise ConfigError(f"unknown setting '{key}'{hint}")
+                meanings = {**{k: TABLE[k]["doc"] for k in known}, **{k: s.doc for k, s in DECLARED.items()}}
+                raise ConfigError(f"unknown setting '{key}'{suggest.hint(key, meanings)}")
         return dataclasses.replace(base, **updates, extras=tuple(sorted(extras.items())))
 
     def to_mapping(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from fedsketch.data import FederatedData
+from fedsketch.model import device
 from fedsketch.model.build import build
 from fedsketch.training.local import LocalSpec
 
@@ -31,9 +32,6 @@ def local_spec(cfg: RunConfig) -> LocalSpec:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("setting 'device' is 'cuda' but no CUDA device is available")
-    return torch.device(name)
+    """``auto`` picks CUDA when present; asking for a CUDA device this process does not see is an error
+    (:func:`fedsketch.model.device.resolve`)."""
+    return device.resolve(name)

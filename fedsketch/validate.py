@@ -16,10 +16,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedsketch import sketch_regime
 from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.data.spec import HF_DEFAULTS, PARTITIONS, check_huggingface
 from fedsketch.methods import METHODS, NAMES, Method, get_method
+from fedsketch.model import device
 from fedsketch.model.models import MODELS, NORMS
 from fedsketch.server.download import MODES as DOWNLOAD_MODES
 from fedsketch.server.runlog import TRACKING
@@ -39,7 +41,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "client_update": ("gradient", "delta"),
     "client_state": ("memory", "disk"),
     "client_assignment": ("cohort", "node"),
-    "device": ("auto", "cpu", "cuda"),
     "lr_schedule": SCHEDULES,
     "download": DOWNLOAD_MODES,
     "tracking": TRACKING,
@@ -113,6 +114,8 @@ def _choices(cfg: RunConfig) -> None:
         if value not in allowed:
             more = " or 'package.module:function'" if name in REFERABLE else ""
             raise ConfigError(f"setting '{_key(name)}' must be one of {', '.join(allowed)}{more}; got {value!r}")
+    if not device.valid(cfg.device):
+        raise ConfigError(f"setting 'device' must be one of {', '.join(device.NAMES)} or 'cuda:N'; got {cfg.device!r}")
 
 
 def _ranges(cfg: RunConfig) -> None:
@@ -167,6 +170,11 @@ def _partition_reads(cfg: RunConfig) -> None:
                 f"setting '{_key(name)}' ({getattr(cfg, name)}) is read only by partition '{partition}'; "
                 f"partition is '{cfg.partition}', which would ignore it ('{flwr}' reads it too)"
             )
+    if cfg.partition == "natural" and cfg.synthetic_devices not in (0, cfg.num_clients):
+        raise ConfigError(
+            f"setting 'synthetic-devices' ({cfg.synthetic_devices}) differs from 'num-clients' ({cfg.num_clients}): "
+            "partition 'natural' gives each client one generating device; choose another partition or set 0"
+        )
 
 
 def _huggingface(cfg: RunConfig) -> None:
@@ -288,15 +296,18 @@ def against_model(cfg: RunConfig, d: int) -> None:
     Raises
     ------
     ConfigError
-        If ``k`` or ``download-k`` exceeds the number of parameters, if the method's own limits are not met
-        (e.g. Sketched-SGD's ``candidate-factor * k``), or if the clients' kept state would exceed
-        ``max-client-state-mb`` (or, with ``client-state = "disk"``, the free disk space).
+        If ``k`` or ``download-k`` exceeds the number of parameters, if the sketch has fewer columns than ``k``
+        (:func:`fedsketch.sketch.count_sketch.regime.refuse`; checked here, on each run an experiment makes, rather than on the
+        tables it is made of), if the method's own limits are not met (e.g. Sketched-SGD's
+        ``candidate-factor * k``), or if the clients' kept state would exceed ``max-client-state-mb`` (or, with
+        ``client-state = "disk"``, the free disk space).
     """
     method = get_method(cfg.strategy)
     if method.reads("k") and cfg.k > d:
         raise ConfigError(f"setting 'k' ({cfg.k}) exceeds the model's {d} parameters")
     if cfg.download_k > d:
         raise ConfigError(f"setting 'download-k' ({cfg.download_k}) exceeds the model's {d} parameters")
+    sketch_regime.refuse(cfg)
     method.check(cfg, d)
     need, what = client_state_bytes(cfg, d), describe_client_state(cfg, d)
     if cfg.client_state == "disk":

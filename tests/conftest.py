@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -107,3 +108,17 @@ def no_leftover_processes() -> Iterator[None]:
     for pid in left:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left, f"processes left behind: {sorted(left)}"
+
+
+HANDOFF_ENV = "FEDSKETCH_LOADED"  # fedsketch/data/handoff.py's ENV (not imported: it imports torch)
+
+
+@pytest.fixture(autouse=True)
+def no_handed_data(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts and ends with no data handed over: a command run in this process (``main``, the API)
+    names the data it loaded in the environment and keeps it (fedsketch/data/handoff.py)."""
+    monkeypatch.setenv(HANDOFF_ENV, "")  # restored to what it was (unset) after the test
+    yield
+    handoff = sys.modules.get("fedsketch.data.handoff")
+    if handoff is not None:
+        handoff.forget()

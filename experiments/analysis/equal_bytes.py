@@ -61,8 +61,24 @@ class Comparison:
 
     def separated(self) -> bool:
         """Whether the leader at the budget is ahead of every other entry on every seed (bands apart)."""
+        return not self.level_with_leader()
+
+    def level_with_leader(self) -> list[Entry]:
+        """The entries the leader at the budget is not ahead of on every seed: their seed bands overlap its band
+        (with one seed each, their accuracy equals its)."""
         best = self.best_at_budget()
-        return all(best.at_budget.low > e.at_budget.high for e in self.entries if e is not best)
+        return [e for e in self.entries if e is not best and not best.at_budget.low > e.at_budget.high]
+
+    def margin(self) -> str:
+        """`` (tied with fedavg)`` with one seed each, `` (seed bands overlap with fedavg's)`` with more; or ``''``
+        where the leader is ahead on every seed."""
+        level = self.level_with_leader()
+        if not level:
+            return ""
+        names = ", ".join(e.name for e in level)
+        if all(e.seeds == 1 for e in (self.best_at_budget(), *level)):
+            return f" (tied with {names})"
+        return f" (seed bands overlap with {names}'s)" if len(level) == 1 else f" (seed bands overlap with {names})"
 
     def sentence(self) -> str:
         """The verdict: who leads at the budget and who reaches the target on the fewest bytes, each against
@@ -74,9 +90,7 @@ class Comparison:
         rival = self._focus(others) or max(others, key=lambda e: e.at_budget.mean, default=None)
         if rival is not None:
             words.append(f"against {rival.name}'s {rival.at_budget.mean:.4f}")
-        if len(self.entries) > 1 and not self.separated():
-            words.append("(seed bands overlap)")
-        line = " ".join(words) + "; "
+        line = " ".join(words) + self.margin() + "; "
         if fastest is None:
             return line + f"no method reaches {self.target:.4f} (90% of the best final) on every seed."
         line += f"{fastest.name} reaches {self.target:.4f} (90% of the best final) on the fewest bytes"

@@ -86,3 +86,30 @@ def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: in
     if requested > 0 and visible_gpus == 0:
         raise ValueError(f"--gpus-per-node {requested} asks for a GPU share, but no CUDA GPU is visible here")
     return requested
+
+
+def check_device(device: str, federation: Federation) -> None:
+    """Refuse a ``device`` setting that the Ray backend's ClientApp workers cannot have.
+
+    Ray gives each worker its GPU share by setting ``CUDA_VISIBLE_DEVICES`` to the GPU it placed the worker on
+    (to nothing for a share of 0), so a worker sees that GPU alone, as ``cuda:0``. The in-process backend runs
+    every client in the simulation process, which sees what the command sees.
+
+    Raises
+    ------
+    ValueError
+        For ``cuda:N`` with N > 0, or a CUDA device with no GPU share, under the Ray backend.
+    """
+    if federation.backend != "ray" or not device.startswith("cuda"):
+        return
+    if federation.gpus_per_client == 0:
+        raise ValueError(
+            f"setting 'device' is {device!r} but the Ray backend's workers get no GPU share (--gpus-per-node 0), "
+            "and Ray hides every GPU from them; give them a share or use device = 'auto'"
+        )
+    if device not in ("cuda", "cuda:0"):
+        raise ValueError(
+            f"setting 'device' is {device!r} but under the Ray backend each ClientApp worker sees only the GPU Ray "
+            "placed it on, as cuda:0; choose the GPUs with CUDA_VISIBLE_DEVICES on the command and set "
+            "device = 'cuda'"
+        )

@@ -27,19 +27,14 @@ from typing import TYPE_CHECKING, cast
 
 from experiments.analysis.results import format_bytes
 from experiments.running.runner import describe
+from fedsketch import sketch_regime
 from fedsketch.server.runlog import experiment_name
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-REGIME_COLS_PER_K = 10
-"""docs/regime.md: the fewest sketch columns per k at which FetchSGD came within 5 points of true top-k on the
-dense models it measured (2.7-4.8 points at k = 1% of d; 6.2-12.6 behind at 3 per k)."""
-REGIME_NOTE = (
-    "{label}: cols/k = {ratio:.1f} is below the {need} columns per k at which the regime map found FetchSGD within "
-    "5 points of true top-k on dense models (k = 1% of d; 6.2-12.6 points behind at 3 per k), and even at 100 per k "
-    "its sketch found at most 11% of the true top-k there; see docs/regime.md"
-)
+REGIME_COLS_PER_K = sketch_regime.COLS_PER_K
+"""docs/regime.md's columns per k for FetchSGD (:mod:`fedsketch.sketch.count_sketch.regime`, where the map's figures live)."""
 BYTE_COLUMNS = ("up/client", "down/client", "up/round", "down/round", "up (run)", "down (run)")
 COLUMNS = ("run", "d", *BYTE_COLUMNS, "cols/k", "client state")
 
@@ -190,10 +185,7 @@ def table(forecasts: Sequence[RunForecast]) -> str:
 
 def sketch_note(f: RunForecast) -> str | None:
     """The regime map's word on FetchSGD's sketch width, for a run below it; ``None`` otherwise."""
-    ratio = f.cols_per_k
-    if f.cfg.strategy != "fetchsgd" or ratio is None or ratio >= REGIME_COLS_PER_K:
-        return None
-    return REGIME_NOTE.format(label=describe(f.cfg), ratio=ratio, need=REGIME_COLS_PER_K)
+    return sketch_regime.cols_note(f.cfg, describe(f.cfg))
 
 
 LARGER_RATIO = 1.5

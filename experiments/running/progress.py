@@ -2,8 +2,10 @@
 
 Flower's and Ray's logs go to a file; the terminal shows one line per run:
 round, test accuracy and bytes so far (``rich`` draws it: it handles terminal
-width and redraw, which a hand-written bar would not). When standard output is
-not a terminal (a log file, a CI log), ``rich`` would print nothing until the
+width and redraw, which a hand-written bar would not). Accuracy and bytes are
+the last evaluated round's (every ``eval-every`` rounds); a line for a later
+round says which round they are from (``round 10/30  at round 5: acc 0.572
+up 1.74 MB  down 3.4 MB``). When standard output is not a terminal (a log file, a CI log), ``rich`` would print nothing until the
 end; :class:`LineProgress` prints a plain line instead when a run starts, at
 its first round, every tenth of its rounds (or 30 s, whichever comes
 first) and at its last round, flushed at once. From a run's second round on,
@@ -97,6 +99,16 @@ class LineProgress:
         print(line, file=self.stream, flush=True)
 
 
+def measured(row: dict[str, float], shown: int) -> str:
+    """The accuracy and bytes of the last evaluated round, ``row``, saying which round that is when the line shows
+    a later one (``shown``): ``at round 5: acc 0.572  up 1.74 MB  down 3.4 MB``."""
+    when = f"at round {row['round']}: " if row["round"] != shown else ""
+    return (
+        f"{when}acc {row['test_accuracy']:.3f}  up {format_bytes(row['cum_upload_bytes'])}"
+        f"  down {format_bytes(row['cum_download_bytes'])}"
+    )
+
+
 def time_left(stamps: list[tuple[int, float]], num_rounds: int) -> float | None:
     """Seconds the run still needs at the pace of the rounds in ``stamps`` (round, when it ended), oldest first.
 
@@ -118,7 +130,7 @@ class RunWatcher:
     """Polls one run's ``metrics.jsonl`` and ``rounds.jsonl`` and updates its progress line.
 
     The line moves with every round that ended (the last one once it is evaluated); accuracy and bytes come from
-    the last evaluated round, and the time left from the rounds that ended since the watcher started (a resumed
+    the last evaluated round, named when it is not the round shown (:func:`measured`), and the time left from the rounds that ended since the watcher started (a resumed
     run's earlier rounds do not count).
     """
 
@@ -134,20 +146,14 @@ class RunWatcher:
         rounds = runlog.read_metrics(self.path, runlog.ROUNDS)
         if not rows and not rounds:
             return
-        status = ""
-        if rows:
-            last = rows[-1]
-            status = (
-                f"acc {last['test_accuracy']:.3f}  up {format_bytes(last['cum_upload_bytes'])}"
-                f"  down {format_bytes(last['cum_download_bytes'])}"
-            )
-        stamps = [(r["round"], r["unix_time"]) for r in rounds if r.get("unix_time", 0) >= self.started]
-        left = time_left(stamps, self.num_rounds)
-        if left:
-            status = f"{status}  about {clock(left)} left (estimate)".strip()
         evaluated = rows[-1]["round"] if rows else 0
         ended = rounds[-1]["round"] if rounds else 0
         # The last round is shown once it is evaluated: a line for it then carries the final accuracy.
         done = max(evaluated, ended if ended < self.num_rounds else 0)
+        status = measured(rows[-1], done) if rows else ""
+        stamps = [(r["round"], r["unix_time"]) for r in rounds if r.get("unix_time", 0) >= self.started]
+        left = time_left(stamps, self.num_rounds)
+        if left:
+            status = f"{status}  about {clock(left)} left (estimate)".strip()
         if done:
             self.progress.update(self.task, completed=done, status=status)

@@ -30,10 +30,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from experiments.studies import map_cli
 from experiments.analysis.equal_bytes import Comparison, compare
 from experiments.analysis.plots import BytesFormatter, BytesLocator, curve
 from experiments.analysis.results import RunGroup, Spread, collect_groups, format_bytes, format_spread
+from experiments.studies import map_cli
 
 CELL = re.compile(r"participation-(?P<model>[a-z0-9_]+)-p(?P<times>\d+)(?:-(?P<variant>[a-z0-9]+))?")
 VARIANTS = {"init": "downloads from the initial model", "matched": "local top-k at FetchSGD's upload"}
@@ -132,7 +132,7 @@ def table(cells: Sequence[Cell]) -> str:
     for c in cells:
         cmp = c.comparison
         best, fastest = cmp.best_at_budget(), cmp.fewest_to_target()
-        margin = "" if cmp.separated() else " (seed bands overlap)"
+        margin = cmp.margin()
         lines.append(
             f"| {c.row} | ~{c.times}x | {format_bytes(cmp.budget)} | {cmp.target:.4f} | {best.name}{margin} "
             f"| {fastest.name if fastest else 'none'} |"

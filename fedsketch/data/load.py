@@ -8,16 +8,14 @@ never reloads or re-partitions.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from fedsketch.data import femnist, huggingface, text, user
-from fedsketch.data.checks import check_features, check_labels
+from fedsketch.data import femnist, handoff, huggingface, text
+from fedsketch.data.checks import as_samples, check_features, check_labels
 from fedsketch.data.images import (
     load_cifar,
     load_idx_images,
@@ -29,7 +27,6 @@ from fedsketch.data.partition import partition_labels
 from fedsketch.data.registry import DATASETS, num_classes
 from fedsketch.data.spec import DataSpec, FederatedData
 from fedsketch.data.synthetic import NUM_CLASSES, generate_synthetic
-from fedsketch.settings import entry
 
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 _HOLDOUT_STREAM = 0x1D5
@@ -60,14 +57,18 @@ def load_federated(spec: DataSpec) -> FederatedData:
         return _load_text(spec)
     if spec.dataset == "npz":
         return _load_npz(spec)
-    if entry.is_reference(spec.dataset):
-        x_train, y_train, x_test, y_test, ids = user.load(spec)
-        return from_arrays(x_train, y_train, x_test, y_test, spec, client_ids=ids, name=spec.dataset)
-    if spec.dataset == "imagefolder":
-        from fedsketch.data import folder  # torchvision and Pillow, which a device need not have
-
-        x_train, y_train, x_test, y_test, classes = folder.load(spec.root, spec.num_classes)
-        return from_arrays(x_train, y_train, x_test, y_test, spec, name=f"imagefolder:{spec.root}", num_classes=classes)
+    if handoff.handed(spec):  # a user's loader or an image folder: loaded once per command
+        got = handoff.load(spec)
+        return from_arrays(
+            got.x_train,
+            got.y_train,
+            got.x_test,
+            got.y_test,
+            spec,
+            client_ids=got.client_ids,
+            name=got.name,
+            num_classes=got.num_classes,
+        )
     if spec.dataset == "huggingface":
         hf = huggingface.load(spec)
         return from_arrays(
@@ -187,48 +188,6 @@ def from_idx_files(
         name=f"{dataset}:{Path(images_path).name}",
         num_classes=DATASETS[dataset].num_classes if dataset in DATASETS else None,
     )
-
-
-def as_samples(x: Any, y: Any, split: str, source: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split's samples and labels as float32 and int64 tensors: arrays, tensors, or a map-style Dataset of pairs.
-
-    Raises
-    ------
-    ValueError
-        Naming ``x_{split}`` or ``y_{split}`` of ``source``: samples that are not real numbers (strings,
-        objects, uint8 images not yet scaled), labels that are not integers, or shapes that do not pair up.
-    """
-    if isinstance(x, Dataset):
-        if y is not None:
-            raise ValueError(
-                f"{source}: labels come from the {split} Dataset's (sample, label) pairs; pass no y_{split}"
-            )
-        if not isinstance(x, Sized):  # bad data is a ValueError, reported in one line
-            raise ValueError(  # noqa: TRY004
-                f"{source}: the {split} Dataset has no length (an IterableDataset?); pass a map-style one"
-            )
-        pairs = [x[i] for i in range(len(x))]
-        if not pairs:
-            raise ValueError(f"{source}: the {split} Dataset is empty")
-        x = torch.stack([torch.as_tensor(sample) for sample, _ in pairs])
-        y = torch.tensor([int(label) for _, label in pairs])
-    x, y = (v if isinstance(v, torch.Tensor) else np.asarray(v) for v in (x, y))
-    for name, v, wanted in ((f"x_{split}", x, "real numbers"), (f"y_{split}", y, "integer labels")):
-        if isinstance(v, np.ndarray) and v.dtype.kind not in "biuf":  # strings, objects: torch cannot take them
-            raise ValueError(f"{name} of {source} must hold {wanted}; got {v.dtype}")
-    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
-    if xt.dtype == torch.uint8:
-        raise ValueError(
-            f"x_{split} of {source} is uint8: scale it to float32 first (x / 255, then standardize per channel; "
-            "fedsketch.data.normalize does both for the image sets it ships)"
-        )
-    if yt.is_floating_point() or yt.is_complex() or yt.dtype == torch.bool:
-        raise ValueError(f"y_{split} of {source} must hold integer labels; got {yt.dtype}")
-    if yt.ndim != 1 or xt.ndim < 2 or xt.shape[0] != yt.shape[0]:
-        raise ValueError(
-            f"{source}: expected x_{split} (N, ...) and y_{split} (N,); got {tuple(xt.shape)} and {tuple(yt.shape)}"
-        )
-    return xt.to(torch.float32), yt.to(torch.int64)
 
 
 def _load_synthetic(spec: DataSpec) -> FederatedData:

@@ -118,7 +118,7 @@ def _natural(y: np.ndarray, client_ids: np.ndarray | None, k: int, rng: np.rando
     _, group = np.unique(ids, return_inverse=True)
     groups = int(group.max()) + 1
     if k > groups:
-        raise ValueError(f"num_clients is {k} but the data has only {groups} distinct client ids")
+        raise ValueError(f"setting 'num-clients' is {k} but the data has only {groups} distinct client ids")
     chosen = np.arange(groups) if k == groups else np.sort(rng.choice(groups, size=k, replace=False))
     client_of_group = np.full(groups, -1, dtype=np.int64)
     client_of_group[chosen] = np.arange(k)
@@ -172,9 +172,11 @@ def _pathological(y: np.ndarray, k: int, per_client: int, rng: np.random.Generat
     order, cls, sizes = _class_order(y, rng)
     c = sizes.shape[0]
     if per_client > c:
-        raise ValueError(f"classes_per_client is {per_client} but the data has only {c} classes")
+        raise ValueError(f"setting 'classes-per-client' is {per_client} but the data has only {c} classes")
     if k * per_client < c:
-        raise ValueError(f"{k} clients with {per_client} classes each cannot cover all {c} classes")
+        raise ValueError(
+            f"settings 'num-clients' ({k}) x 'classes-per-client' ({per_client}) cannot cover all {c} classes"
+        )
     # Clients come in blocks of c; in each block, a fresh random order of the
     # classes is read in windows of per_client consecutive positions, so a block
     # of c clients holds every class exactly per_client times.
@@ -198,7 +200,9 @@ def _pathological(y: np.ndarray, k: int, per_client: int, rng: np.random.Generat
 def _shards(y: np.ndarray, k: int, per_client: int, rng: np.random.Generator) -> np.ndarray:
     n, total = y.shape[0], k * per_client
     if n < total:
-        raise ValueError(f"{k} clients x {per_client} shards need {total} samples; the data has {n}")
+        raise ValueError(
+            f"settings 'num-clients' ({k}) x 'shards-per-client' ({per_client}) need {total} samples; the data has {n}"
+        )
     order, _, _ = _class_order(y, rng)
     shard = np.arange(n, dtype=np.int64) * total // n
     shard_owner = rng.permutation(total) // per_client

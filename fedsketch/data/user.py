@@ -10,7 +10,8 @@ The loader is called with the keyword arguments it declares among ``root``
 
 Arrays are numpy arrays or tensors, samples already normalized (float), labels
 integers in ``[0, num-classes)``: the contract of :func:`fedsketch.data.from_arrays`,
-which checks it. The loader runs once per process (the result is cached).
+which checks it. The command calls the loader once and hands what it returned to the run's
+Flower processes (:mod:`fedsketch.data.handoff`).
 """
 
 from __future__ import annotations
@@ -36,13 +37,24 @@ def load(spec: DataSpec) -> tuple[Any, Any, Any, Any, Any]:
         If the loader cannot be imported, fails, or returns something else than the contract above.
     """
     loader = entry.load("dataset", spec.dataset)
-    declared = inspect.signature(loader).parameters
-    kwargs = {name: value for name, value in (("root", spec.root), ("seed", spec.seed)) if name in declared}
     try:
-        result = loader(**kwargs)
+        result = loader(**arguments(spec))
     except Exception as exc:  # noqa: BLE001  # whatever the user's loader raises, as one line with its place
         raise ValueError(f"setting 'dataset': {spec.dataset} raised {entry.raised(exc)}") from None
     return unpack(result, spec.dataset)
+
+
+def arguments(spec: DataSpec) -> dict[str, Any]:
+    """The keyword arguments the loader ``spec.dataset`` names is called with: those it declares of ``root`` and
+    ``seed``.
+
+    Raises
+    ------
+    ValueError
+        If the loader cannot be imported.
+    """
+    declared = inspect.signature(entry.load("dataset", spec.dataset)).parameters
+    return {name: value for name, value in (("root", spec.root), ("seed", spec.seed)) if name in declared}
 
 
 def unpack(result: Any, source: str) -> tuple[Any, Any, Any, Any, Any]:

@@ -35,7 +35,9 @@ Normalization (``norm``, residual networks only; ``mlp`` and ``cnn`` have none):
   label skew and group norm recovering most of the accuracy.
 - Running means and variances are buffers, not parameters: gradients, sketches
   and top-k updates carry parameters only (``fedsketch.model.flat``), so the server's
-  model never learns them and evaluates with its initial statistics.
+  model never learns them and evaluates with its initial statistics. The
+  command refuses a run whose model has buffers (``experiments/running/preflight.py``);
+  ``batch`` stays here for building and measuring such models outside a run.
 
 Group and layer norm normalize each sample on its own, behave identically in
 training and evaluation for any batch size and label mix, and have no buffers.

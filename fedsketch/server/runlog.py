@@ -42,6 +42,10 @@ TRACKING = ("none", "tensorboard", "mlflow", "both")
 OUTPUT_ONLY = ("tracking",)
 """Settings that only add places a run's rows are also written, never change what it computes: a finished run is
 not redone, nor a checkpoint refused, when they change."""
+INPUTS = "_inputs"
+"""The folder under the results folder (``out-dir``) for a command's inputs: data objects and builders the Python
+API was handed (:mod:`experiments.api`), and data a command loaded for its Flower processes
+(:mod:`fedsketch.data.handoff`)."""
 
 CHECKPOINT = "checkpoint.pt"
 """A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.server.checkpoint`)."""

@@ -68,18 +68,19 @@ def load(key: str, value: str) -> Callable[..., Any]:
     return target
 
 
-def code_root(value: str) -> Path | None:
-    """The ``sys.path`` folder a reference's top-level package is imported from (``None`` for a pickle)."""
+def code_root(key: str, value: str) -> Path | None:
+    """The ``sys.path`` folder a reference's top-level package is imported from (``None`` for a pickle);
+    ``key`` is the setting that names it, for errors."""
     if value.endswith(PICKLE_SUFFIX):
         return None
     top = value.partition(":")[0].split(".")[0]
-    origin = Path(_import("model/dataset", top).__file__ or "")
+    origin = Path(_import(key, top).__file__ or "")
     return origin.parent.parent if origin.name == "__init__.py" else origin.parent
 
 
-def export_code_root(value: str) -> None:
+def export_code_root(key: str, value: str) -> None:
     """Put a reference's folder on ``PYTHONPATH`` (and ``sys.path``) for this process and its children."""
-    root = code_root(value)
+    root = code_root(key, value)
     if root is None:
         return
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -108,7 +108,7 @@ class Command:
 
     def wait_for_training(self, strategy: str) -> None:
         """Until the progress line of a round of ``strategy``: the next round is training."""
-        pattern = re.compile(rf"^{strategy} seed 0: round \d+/\d+  acc ", re.MULTILINE)
+        pattern = re.compile(rf"^{strategy} seed 0: round \d+/\d+  (at round \d+: )?acc ", re.MULTILINE)
         self.wait_for(f"{strategy} training", lambda: pattern.search(self.output()) is not None)
 
     def signal(self, sig: int) -> tuple[int, float]:

@@ -68,7 +68,18 @@ def test_overlapping_bands_are_not_called_separated(tmp_path: Path) -> None:
         write_seed(tmp_path / "b" / f"seed{seed}", "fedavg", seed, [(10, 10, acc - 0.05)])
     cmp = equal_bytes.compare(collect_groups(tmp_path))
     assert cmp.best_at_budget().strategy == "fetchsgd" and not cmp.separated()
-    assert "(seed bands overlap)" in cmp.sentence()
+    assert "leads with 0.6000 against fedavg's 0.5500 (seed bands overlap with fedavg's);" in cmp.sentence()
+
+
+def test_with_one_seed_a_tie_names_the_run_it_ties_with_and_no_seed_bands(tmp_path: Path) -> None:
+    write_seed(tmp_path / "a" / "seed0", "fetchsgd", 0, [(10, 10, 0.7)])
+    write_seed(tmp_path / "b" / "seed0", "fedavg", 0, [(10, 10, 0.7)])
+    write_seed(tmp_path / "c" / "seed0", "local_topk", 0, [(10, 10, 0.6)])
+    sentence = equal_bytes.compare(collect_groups(tmp_path)).sentence()
+    assert "fedavg leads with 0.7000 against fetchsgd's 0.7000 (tied with fetchsgd);" in sentence, sentence
+    assert "seed bands" not in sentence
+    ahead = equal_bytes.compare(collect_groups(tmp_path / "c") + collect_groups(tmp_path / "a")).sentence()
+    assert "fetchsgd leads with 0.7000 against local_topk's 0.6000;" in ahead, ahead  # one seed, no tie: nothing
 
 
 def test_a_method_reaches_the_target_only_if_every_seed_does(tmp_path: Path) -> None:

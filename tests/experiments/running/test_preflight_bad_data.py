@@ -39,6 +39,13 @@ def broken(input_shape, num_classes, seed):
 def indexes(input_shape, num_classes, seed):
     return nn.Linear(input_shape[3], num_classes)
 
+def normed(input_shape, num_classes, seed):
+    return nn.Sequential(nn.Flatten(), nn.BatchNorm1d(int(np.prod(input_shape))), good(input_shape, num_classes, seed))
+
+def empty():
+    return {"x_train": np.zeros((0, 1, 4, 4), np.float32), "y_train": np.zeros(0, np.int64),
+            "x_test": np.zeros((5, 1, 4, 4), np.float32), "y_test": np.zeros(5, np.int64)}
+
 def unseeded(input_shape, num_classes, seed):
     model = good(input_shape, num_classes, seed)
     for p in model.parameters():
@@ -82,6 +89,16 @@ def _no_fault(arrays: Arrays) -> None:
     pass
 
 
+def _no_test_samples(arrays: Arrays) -> None:
+    arrays["x_test"], arrays["y_test"] = arrays["x_test"][:0], arrays["y_test"][:0]
+
+
+def _color(arrays: Arrays) -> None:
+    """Three-channel 8 x 8 images: what a residual network takes."""
+    for split, n in (("train", 200), ("test", 50)):
+        arrays[f"x_{split}"] = np.random.default_rng(0).normal(size=(n, 3, 8, 8)).astype(np.float32)
+
+
 CASES = {
     "nan in x_train": (_set("x_train", (17, 0, 2, 1), np.nan), {},
                        r"x_train of npz:.*data\.npz: sample 17 holds NaN \(1 of 200 samples"),
@@ -108,11 +125,33 @@ CASES = {
                                 r"badlab:unseeded is not deterministic in its seed: parameter '1.weight' differs"),
     "natural without client ids": (_no_fault, {"partition": "natural"}, r"has no natural clients \(no client ids\)"),
     "too few classes": (_no_fault, {"partition": "pathological", "classes-per-client": 12},
-                        r"classes_per_client is 12 but the data has only 10 classes"),
+                        r"setting 'classes-per-client' is 12 but the data has only 10 classes"),
     "a client left empty": (_no_fault, {"partition": "iid", "num-clients": 250, "clients-per-round": 10},
                             r"cannot give 250 clients a sample each from 200 samples"),
     "num-classes of a fixed data set": (_no_fault, {"dataset": "synthetic", "num-classes": 12},
                                         r"setting 'num-classes' is 12 but dataset 'synthetic' has 10 classes"),
+    "fewer sketch columns than k": (_no_fault, {"k": 150},
+                                    (r"settings 'sketch-cols' \(100\) and 'k' \(150\) do not fit: fetchsgd .* 100 "
+                                     r"columns a row cannot hold 150 coordinates apart")),
+    "a model with buffers": (_no_fault, {"model": "badlab:normed"},
+                             (r"setting 'model': badlab:normed keeps buffers \(1.running_mean, 1.running_var, "
+                              r"1.num_batches_tracked\) .*torch.nn.GroupNorm or LayerNorm")),
+    "batch norm in a built-in model": (_color, {"model": "resnet9", "model-norm": "batch"},
+                                       (r"setting 'model-norm' is 'batch' for model 'resnet9': .* use "
+                                        r"model-norm = \"group\"")),
+    "a model module that is not there": (_no_fault, {"model": "nosuchlab.model:build"},
+                                         r"^fedsketch: error: setting 'model': no module 'nosuchlab'"),
+    "a loader module that is not there": (_no_fault, {"dataset": "nosuchlab.data:load"},
+                                          r"^fedsketch: error: setting 'dataset': no module 'nosuchlab'"),
+    "no test samples": (_no_test_samples, {},
+                        r"x_test and y_test of npz:.*data\.npz are empty \(0 samples\): .* the server evaluates on"),
+    "a loader that returns no training samples": (_no_fault, {"dataset": "badlab:empty"},
+                                                  r"x_train and y_train of badlab:empty are empty \(0 samples\)"),
+    "generating devices that are not the clients": (_no_fault, {"dataset": "synthetic", "partition": "natural",
+                                                                "synthetic-devices": 50},
+                                                    r"setting 'synthetic-devices' \(50\) differs from 'num-clients' \(20\)"),
+    "a setting misspelt by meaning": (_no_fault, {"num-rows": 3},
+                                      r"unknown setting 'num-rows' \(did you mean 'sketch-rows' or 'num-rounds'\?\)"),
 }  # fmt: skip  # one case a line: fault, settings, what the error says
 
 

@@ -69,6 +69,18 @@ def test_the_watcher_reads_the_metrics_file_into_lines_in_decimal_units(tmp_path
     assert out.getvalue().splitlines()[1].startswith("fetchsgd seed 0: round 1/2  acc 0.500  up 1.19 MB  down 2.4 GB")
 
 
+def test_a_line_for_a_later_round_says_which_round_its_accuracy_and_bytes_are_from(tmp_path: Path) -> None:
+    out = io.StringIO()
+    watcher = RunWatcher(LineProgress(out), "fetchsgd seed 0", tmp_path, num_rounds=30)
+    row = {"round": 5, "test_accuracy": 0.5723, "cum_upload_bytes": 1_740_000, "cum_download_bytes": 3_400_000}
+    runlog.append_metrics(tmp_path, row)
+    for rnd in range(1, 11):
+        runlog.append_metrics(tmp_path, {"round": rnd, "unix_time": 0.0}, runlog.ROUNDS)
+    watcher()
+    line = out.getvalue().splitlines()[1]
+    assert line.startswith("fetchsgd seed 0: round 10/30  at round 5: acc 0.572  up 1.74 MB  down 3.4 MB  elapsed")
+
+
 @pytest.mark.parametrize(
     ("n", "text"), [(512, "512 B"), (1_000, "1 kB"), (250_000, "250 kB"), (1_190_000, "1.19 MB"), (2e9, "2 GB")]
 )

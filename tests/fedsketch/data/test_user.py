@@ -35,7 +35,7 @@ def test_a_reference_names_a_function_and_its_folder(lab: Path) -> None:
     from mylab.model import build
 
     assert entry.load("model", "mylab.model:build") is build
-    assert entry.code_root("mylab.model:build") == lab
+    assert entry.code_root("model", "mylab.model:build") == lab
     assert entry.is_reference("mylab.model:build") and not entry.is_reference("mlp")
 
 
