@@ -1,6 +1,6 @@
 """Sketch settings that cannot work are refused; those the regime map says fail are warned of, in numbers.
 
-The command's refusal itself (exit 2, one line, no run folder) is a case of tests/test_bad_data.py.
+The command's refusal itself (exit 2, one line, no run folder) is a case of tests/experiments/running/test_preflight_bad_data.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fedsketch import sketch_regime
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from fedsketch.model.build import fixed_input
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.toml"))
 
 

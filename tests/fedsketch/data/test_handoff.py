@@ -22,7 +22,7 @@ from experiments.running.preflight import check_runs
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data import DataSpec, handoff, load_federated
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 LOADER = """
 import os
 import time
