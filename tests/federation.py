@@ -77,6 +77,12 @@ class TestGrid(InProcessGrid):
         self._pulled = 0
         return replies
 
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """As the in-process grid pushes, with the replies held only here (a reply handed out is not kept)."""
+        ids = super().push_messages(messages)
+        self._pending = []
+        return ids
+
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         """The replies of the last push that are due by this pull, each once."""
         self.pulls += 1
