@@ -82,6 +82,7 @@ def test_one_bad_value_in_a_long_array_is_found(dtype: type) -> None:
                 check_values("t", arr, 4.0)
 
 
+@pytest.mark.slow  # two fresh Pythons importing torch
 def test_the_server_silences_only_torchs_warning_about_read_only_views() -> None:
     convert = "import numpy, torch; torch.as_tensor(numpy.frombuffer(b'1234', numpy.float32))"
     quiet = "from strategies.limits import quiet_read_only_views; quiet_read_only_views(); "

@@ -158,6 +158,7 @@ READ_ONLY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # two fresh Pythons importing Flower and torch
 def test_a_reply_s_read_only_arrays_are_checked_without_torch_s_warning_which_other_code_still_gets() -> None:
     def run(caller: str) -> subprocess.CompletedProcess[str]:  # a fresh process: torch warns once a process
         cmd = [sys.executable, "-W", "error::UserWarning", "-c", READ_ONLY, caller]

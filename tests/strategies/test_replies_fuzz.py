@@ -359,6 +359,7 @@ ATTACKS = st.lists(
 NODE = st.none() | st.tuples(st.integers(0, len(NODE_ATTACKS) - 1), st.integers(0, 7))
 
 
+@pytest.mark.slow  # 40 rounds a method, tens of seconds for all (each corruption alone: the test below, fast)
 @pytest.mark.parametrize("name", STRATEGIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(attacks=ATTACKS, node_attack=NODE)

@@ -123,6 +123,7 @@ PROBE = (
 )
 
 
+@pytest.mark.slow  # a fresh Python importing Flower and torch per case
 @pytest.mark.parametrize(
     ("module", "expected"),
     [

@@ -65,6 +65,7 @@ def _reference(arrays: dict[str, np.ndarray]) -> tuple[list[float], list[float]]
     return accuracy, loss
 
 
+@pytest.mark.slow  # the script in a fresh Python per run
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_bare_loop_reports_fedsketchs_fedavg_round_by_round(tmp_path: Path, workers: int) -> None:
     arrays = _job(tmp_path / "job.npz")

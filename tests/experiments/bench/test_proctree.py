@@ -8,6 +8,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from experiments.bench.proctree import TreeSampler, tag_env
 
 # A child that starts a grandchild in a session of its own (as Ray starts its processes), and each
@@ -23,6 +25,7 @@ CHILD = textwrap.dedent(f"""
 """)
 
 
+@pytest.mark.slow  # three real processes, seconds each
 def test_the_sampler_sums_every_process_of_the_tree_and_nothing_else() -> None:
     env, tag = tag_env(dict(os.environ))
     outsider = subprocess.Popen([sys.executable, "-c", f"b = bytearray({4 * MB} << 20); import time; time.sleep(4)"])

@@ -53,6 +53,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow  # three fresh Pythons importing torch
 def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path: Path) -> None:
     """Three rounds of 10 MB arrays after a first: fresh pages each round under glibc's defaults, and the
     pages the first round freed with :data:`one_process.MALLOC`, set by the environment or by ``mallopt``."""

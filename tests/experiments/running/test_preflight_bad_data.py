@@ -198,6 +198,7 @@ def test_the_clean_data_passes_the_same_checks(lab: Path) -> None:
     assert (checked.num_classes, checked.inferred, checked.input_shape) == (10, True, (1, 4, 4))
 
 
+@pytest.mark.slow  # the command in a fresh Python
 def test_the_command_exits_2_with_one_line_in_time(lab: Path) -> None:
     arrays = _clean()
     arrays["x_train"][5, 0, 0, 0] = np.nan

@@ -94,8 +94,8 @@ FAULTS: dict[str, Callable[[Message, int], None]] = {"rejected": _corrupt, "miss
 def _next_upload(name: str, fault: str | None, leave_out: bool) -> Payload:
     """Run the tiny job; return the client's first upload of round r2."""
     skip = {"min-replies": TINY["clients-per-round"]} if fault == "skipped" else {}
-    cfg = RunConfig.from_mapping({**TINY, **skip, "strategy": name})
-    cid, r1, r2, other = _client_twice(cfg)
+    cid, r1, r2, other = _client_twice(RunConfig.from_mapping({**TINY, **skip, "strategy": name}))
+    cfg = RunConfig.from_mapping({**TINY, **skip, "strategy": name, "num-rounds": r2, "eval-every": r2})  # no later
     captured: dict[str, Payload] = {}
 
     def deliver(msg: Message) -> Message:

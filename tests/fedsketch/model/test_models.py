@@ -62,6 +62,7 @@ def test_same_seed_same_parameters_other_seed_not() -> None:
     assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
 
 
+@pytest.mark.slow  # a fresh Python importing torch
 def test_same_parameters_in_another_process() -> None:
     code = (
         "import hashlib, torch; from fedsketch.model.models import build_model; torch.manual_seed(123); "

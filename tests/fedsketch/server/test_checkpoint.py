@@ -27,7 +27,7 @@ SETTINGS = {
     "k": 30,
     "sketch-rows": 3,
     "sketch-cols": 400,
-    "num-rounds": 6,
+    "num-rounds": 4,
     "eval-every": 1,
     "checkpoint-every": 2,
     "lr-schedule": "linear",
