@@ -15,7 +15,6 @@ Neither module imports this one.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -46,6 +45,11 @@ from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
 from strategies.values import ServerValues
+
+
+DIVERGED_LOSS = 1e6
+"""A test loss above this (the true class's probability below e^-1,000,000 on average) means training diverged:
+an untrained model's is about ln(classes), and no run that learns comes near it."""
 
 
 class FedSketchStrategy(Strategy):
@@ -180,12 +184,13 @@ class FedSketchStrategy(Strategy):
         return Result(arrays=messages.model_record(self.weights.cpu().numpy()))
 
     def broken(self) -> str | None:
-        """Why the model the run ends with is of no use (its last evaluation not finite); ``None`` if it is."""
-        if not self.history or math.isfinite(self.history[-1]["test_loss"]):
+        """Why the model the run ends with is of no use (its last test loss not finite, or above
+        :data:`DIVERGED_LOSS`); ``None`` if it is of use."""
+        if not self.history or self.history[-1]["test_loss"] <= DIVERGED_LOSS:
             return None
         row = self.history[-1]
         return (
-            f"the model is broken: its test loss is {row['test_loss']} at round {row['round']}, "
+            f"the model is broken: its test loss is {row['test_loss']:.3g} at round {row['round']}, "
             f"{row.get('skipped_rounds', 0)} rounds not applied since the row before (see rounds.jsonl)"
             + ("" if self.cfg.norm_bound > 0 else "; with norm-bound = 0 one client's upload can wreck it")
         )
