@@ -355,6 +355,7 @@ def add_failure(content: RecordDict, cid: int, reason: str) -> None:
     content[wire.failure_key(cid)] = failure_record(reason or "unknown error")
 
 
-def add_rejection(content: RecordDict, cid: int, reason: str, billed: int) -> None:
-    """In a merged reply: why the node's checks refused logical client ``cid``'s upload, and what it sent."""
-    content[wire.rejected_key(cid)] = ConfigRecord({wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed})
+def add_rejection(content: RecordDict, cid: int, reason: str, billed: int, kind: str = "rejected") -> None:
+    """In a merged reply: why the node refused logical client ``cid``'s upload (``kind``: ``rejected`` by the
+    checks, ``bounded`` by the norm bound), and what it sent."""
+    content[wire.rejected_key(cid)] = ConfigRecord({wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed, wire.KIND: kind})

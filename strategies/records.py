@@ -19,6 +19,7 @@ FAILURE_KINDS = (
     ("timeouts", "timeouts"),
     ("client_errors", "errors"),
     ("rejected", "rejected"),
+    ("bounded", "bounded"),
 )
 """Each books counter of clients that did not contribute, and the :class:`RoundReplies` field it counts."""
 
@@ -51,6 +52,7 @@ def round_line(
         "timeouts": got.timeouts,
         "client_errors": got.errors,
         "rejected": got.rejected,
+        "bounded": got.bounded,
         "applied": skipped is None,
         "reason": skipped or "",
         "unix_time": round(time.time(), 3),

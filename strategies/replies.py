@@ -56,6 +56,7 @@ class RoundReplies:
     timeouts: int = 0
     errors: int = 0
     rejected: int = 0
+    bounded: int = 0  # uploads set aside for a norm beyond norm-bound x the round's median (strategies/guard.py)
 
     def contributors(self) -> list[ClientUpdate]:
         """Every client whose upload counts this round, by client id: unmerged ones and merged ones' members."""
@@ -64,10 +65,10 @@ class RoundReplies:
     @property
     def failed(self) -> int:
         """Clients that were asked and did not contribute."""
-        return self.timeouts + self.errors + self.rejected
+        return self.timeouts + self.errors + self.rejected + self.bounded
 
     def fail(self, cid: int | None, kind: str, reason: str) -> None:
-        """Record one client's failure of ``kind`` (``timeouts``, ``errors`` or ``rejected``)."""
+        """Record one client's failure of ``kind`` (``timeouts``, ``errors``, ``rejected`` or ``bounded``)."""
         setattr(self, kind, getattr(self, kind) + 1)
         if cid is not None:
             self.failures[cid] = reason[:300]
@@ -232,7 +233,8 @@ def _collect_merged(
         refused = found.configs.get(wire.rejected_key(cid))
         if refused is not None and limits.merged:  # the node's checks refused the upload it sent
             out.upload_bytes += _billed(refused.get(wire.UPLOAD_BYTES), 4 * limits.max_bytes) or 0
-            out.fail(cid, "rejected", str(refused.get(wire.REASON, "unknown")))
+            kind = "bounded" if refused.get(wire.KIND) == "bounded" else "rejected"
+            out.fail(cid, kind, str(refused.get(wire.REASON, "unknown")))
             continue
         metrics = found.metrics.get(wire.metrics_key(cid))
         if metrics is None or not limits.merged:

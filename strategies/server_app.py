@@ -74,4 +74,4 @@ def main(grid: Grid, context: Context) -> None:
     if cfg.client_state == "disk":  # of no use once the run has ended (and possibly gigabytes)
         clear_states(cfg)
     log(INFO, runlog.SERVER_DONE_LOG)
-    runlog.mark_server_done(out_dir, cfg.num_rounds)
+    runlog.mark_server_done(out_dir, cfg.num_rounds, strategy.broken())

@@ -32,7 +32,7 @@ from torch import nn
 
 from bridge import messages
 from fedsketch import wire
-from fedsketch.client.uploads import mergeable
+from fedsketch.client.uploads import mergeable, set_aside
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
@@ -45,6 +45,11 @@ from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
 from strategies.values import ServerValues
+
+
+DIVERGED_LOSS = 1e6
+"""A test loss above this (the true class's probability below e^-1,000,000 on average) means training diverged:
+an untrained model's is about ln(classes), and no run that learns comes near it."""
 
 
 class FedSketchStrategy(Strategy):
@@ -126,6 +131,10 @@ class FedSketchStrategy(Strategy):
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         limits = self.reply_limits(layout, p.echo, merged=mergeable(self.cfg))
         got = collect(replies, p.sent, layout, limits, self.method.wire.diagnostic(self.cfg, self.d), self.requested)
+        got.updates, aside = set_aside(self.cfg, self.d, got.updates)
+        for cid, why in aside.items():
+            got.fail(cid, "bounded", why)
+            log(WARNING, "client %d set aside: %s", cid, why)
         node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.contributors()}}
         self.values = self.values.book(records.round_counts(got, self.dense_bytes), node_cid=node_cid)
         return self.finish_round(server_round, got, len(got.contributors()))
@@ -170,7 +179,21 @@ class FedSketchStrategy(Strategy):
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
             resume.checkpoint_round(self.cfg, self.out_dir, num_rounds, time.perf_counter() - start, self.values)
+        if self.broken():
+            log(WARNING, "%s", self.broken())
         return Result(arrays=messages.model_record(self.weights.cpu().numpy()))
+
+    def broken(self) -> str | None:
+        """Why the model the run ends with is of no use (its last test loss not finite, or above
+        :data:`DIVERGED_LOSS`); ``None`` if it is of use."""
+        if not self.history or self.history[-1]["test_loss"] <= DIVERGED_LOSS:
+            return None
+        row = self.history[-1]
+        return (
+            f"the model is broken: its test loss is {row['test_loss']:.3g} at round {row['round']}, "
+            f"{row.get('skipped_rounds', 0)} rounds not applied since the row before (see rounds.jsonl)"
+            + ("" if self.cfg.norm_bound > 0 else "; with norm-bound = 0 one client's upload can wreck it")
+        )
 
     def run_round(self, server_round: int, grid: Grid, config: ConfigRecord, timeout: float | None = None) -> None:
         """One round's exchange and step, plain or through secure aggregation; no evaluation, no checkpoint."""

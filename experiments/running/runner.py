@@ -177,7 +177,7 @@ def is_finished(cfg: RunSpec) -> bool:
     if not _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg):
         return False
     rows = runlog.read_metrics(path)
-    return bool(rows) and rows[-1].get("round") == cfg.num_rounds
+    return bool(rows) and rows[-1].get("round") == cfg.num_rounds and not runlog.broken(path)
 
 
 def prepare(cfg: RunSpec) -> Path:
@@ -237,7 +237,8 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
                 return results + [(later, "not started") for later in runs[i + 1 :]]
             _track(cfg, results[-1][1])
             continue
-        results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
+        broken = runlog.broken(path)
+        results.append((cfg, f"failed: {broken}" if broken else "finished" if is_finished(cfg) else _failed(code)))
         _track(cfg, results[-1][1])
     return results
 

@@ -115,6 +115,7 @@ ROW_COUNTS = (
     "rejected",
     "skipped_rounds",
     "clipped",
+    "bounded",
     "sparse_downloads",
 )
 """Counts a metrics row reports since the previous row."""
@@ -194,7 +195,7 @@ def clear_status(path: Path) -> None:
     (path / SERVER_DONE).unlink(missing_ok=True)
 
 
-def mark_server_done(path: Path, num_rounds: int) -> None:
+def mark_server_done(path: Path, num_rounds: int, broken: str | None = None) -> None:
     """The ServerApp's last act: its metrics, checkpoint and client-state clean-up are all done.
 
     The launcher then stops Flower's processes at once instead of waiting for
@@ -203,12 +204,22 @@ def mark_server_done(path: Path, num_rounds: int) -> None:
     """
     rows = read_metrics(path)
     done = {"round": rows[-1]["round"] if rows else 0, "num-rounds": num_rounds, "unix-time": time.time()}
+    if broken:  # the run ends, but with a model of no use: the command says why and fails
+        done["broken"] = broken
     _atomic_write(path / SERVER_DONE, json.dumps(done, sort_keys=True) + "\n")
 
 
 def server_done(path: Path) -> bool:
     """Whether the ServerApp of the run in ``path`` has finished (:func:`mark_server_done`)."""
     return (path / SERVER_DONE).exists()
+
+
+def broken(path: Path) -> str | None:
+    """Why the run in ``path`` ended with a model of no use, as its ServerApp said (:func:`mark_server_done`)."""
+    try:
+        return json.loads((path / SERVER_DONE).read_text(encoding="utf-8")).get("broken")
+    except (OSError, ValueError):
+        return None
 
 
 def status_note(status: dict[str, Any]) -> str:
