@@ -1,10 +1,10 @@
 """The docs are reference pages: short, current, and with their dated measurements in one place.
 
-Every page of docs/ (but the generated settings page) fits in 300 lines and the README in 200; a
-reference page (docs/*.md but the changelog, and the README) holds the current figure with its
-command and no history: no load averages, no "tried and not kept" or dated sections. Dated records
-live in docs/measurements/, one file per measurement named by its date and listed on its index.
-"""
+Every page of docs/ (but the generated settings page) fits in 300 lines, the README in 200, and the
+index lists every page; a reference page (docs/*.md but the changelog, and the README) holds the
+current figure with its command and no history: no load averages, no "tried and not kept" or dated
+sections. Dated records live in docs/measurements/, one file per measurement named by its date and
+listed on its index."""
 
 from __future__ import annotations
 
@@ -59,3 +59,9 @@ def test_the_readme_keeps_the_two_commands_ci_reads() -> None:
         block = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```\n<!-- /{marker} -->", text, re.DOTALL)
         assert block, f"README.md lost its {marker} block"
         assert len(block.group(1).splitlines()) == 1 and block.group(1).startswith("python3 -m venv .venv")
+
+
+def test_the_index_lists_every_page() -> None:
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    unlisted = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "index.md" and f"]({p.name})" not in index]
+    assert not unlisted, f"docs/index.md does not list {unlisted}"
