@@ -39,7 +39,9 @@ def test_a_reference_page_holds_no_history(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     assert "load average" not in text.lower(), f"{page.name}: a load average belongs in docs/measurements/"
     history = [line for line in text.splitlines() if HISTORY_HEADING.match(line)]
-    assert not history, f"{page.name}: history or dated sections belong in docs/measurements/ or the changelog: {history}"
+    assert not history, (
+        f"{page.name}: history or dated sections belong in docs/measurements/ or the changelog: {history}"
+    )
 
 
 def test_each_measurement_is_a_dated_file_listed_on_the_index() -> None:
