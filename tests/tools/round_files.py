@@ -33,7 +33,7 @@ from fedsketch.settings.setting import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"{ROOT}/"
 """What a product file's code path starts with (the hook tests it on every call it sees)."""
-PACKAGES = ("fedsketch/", "strategies/", "clients/", "experiments/")
+PACKAGES = ("fedsketch/", "strategies/", "clients/", "bridge/", "experiments/")
 """The product's packages, relative to the repository root."""
 SMALL = {"num-rounds": 3, "eval-every": 1}
 """Three rounds, every one evaluated: the traced round is an ordinary one, neither the first nor the last."""
