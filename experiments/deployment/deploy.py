@@ -231,9 +231,10 @@ class LocalFederation:
         """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
 
         ``poll`` is called every ``poll_s`` seconds while the run goes on. The app is
-        submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`).
+        submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`) in the
+        run's folder (that of ``log_file``).
         """
-        with staged_app(app_dir) as staged, open(log_file, "ab") as log:
+        with staged_app(app_dir, log_file.parent) as staged, open(log_file, "ab") as log:
             cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
             proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:

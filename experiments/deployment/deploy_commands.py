@@ -51,9 +51,17 @@ def node_settings(num_supernodes: int) -> dict[str, Any]:
     return {"client-assignment": "node", "num-clients": n, "clients-per-round": n, "min-nodes": n}
 
 
-def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1") -> list[str]:
-    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``."""
+def superlink_command(
+    port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1", database: Path | None = None
+) -> list[str]:
+    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``.
+
+    With ``database``, its state (registered and online nodes, runs, messages) lives in that SQLite
+    file instead of in memory, and a SuperLink started again on it knows every node it knew.
+    """
     cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
+    if database is not None:
+        cmd += ["--database", str(database)]
     if certs is None:
         return [*cmd, "--insecure"]
     cmd += [
