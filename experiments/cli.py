@@ -252,12 +252,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    settings = deploy.node_settings(args.supernodes)
-    overrides = {**settings, **runner.parse_overrides(args.overrides)}
+    settings, given = deploy.node_settings(args.supernodes), runner.parse_overrides(args.overrides)
+    overrides = {**settings, **given}
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    print("deployment settings: " + " ".join(f"{k}={overrides[k]}" for k in settings) + " (change with --set)")
-    exp_dir = runlog.experiment_dir(experiment.runs[0])
+    runs = experiment.runs if "checkpoint-every" in given else deploy.checkpointed(experiment.runs)
+    shown = " ".join(f"{k}={overrides[k]}" for k in settings)
+    saves = sorted({cfg.strategy for cfg in runs if cfg.checkpoint_every and "checkpoint-every" not in given})
+    if saves:
+        shown += f" checkpoint-every={deploy.CHECKPOINT_EVERY} ({', '.join(saves)})"
+    print(f"deployment settings: {shown} (change with --set)")
+    exp_dir = runlog.experiment_dir(runs[0])
     with stopping.Invocation("deploy") as invocation:
         print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
         with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
@@ -279,7 +284,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                         print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
                     raise
 
-            results = runner.run_all(experiment.runs, execute)
+            results = runner.run_all(runs, execute)
     return conclude(results, invocation, exp_dir, plot=not args.no_plot)
 
 

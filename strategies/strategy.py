@@ -108,13 +108,15 @@ class FedSketchStrategy(Strategy):
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful)
+        nodes = plan.wait_for_nodes(grid, self.cfg.min_nodes, self.cfg.round_timeout)
+        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful, nodes)
+        missing = plan.missing_nodes(self.cfg, len(nodes), server_round)
         self.values = self.values.book(homes=homes)
         base = {**dict(config), **self.method.wire.round_config(self.cfg), "server-round": server_round}
         echo: dict[str, Any] = dict(self.method.wire.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
             echo[wire.MODEL_CRC] = messages.model_crc(self.weights.cpu().numpy())  # must have trained on this
-        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo)
+        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo, missing)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -286,7 +288,7 @@ class FedSketchStrategy(Strategy):
             self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return
-        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors)
+        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors, self.plan.missing)
         runlog.append_metrics(self.out_dir, line, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:

@@ -51,7 +51,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from clients.runtime.forked import limit_malloc_arenas, run_supernode, run_task
+from clients.runtime.forked import die_with_parent, limit_malloc_arenas, run_supernode, run_task
 from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
 from clients.runtime.supernode_waits import Backoff, check_choice
 
@@ -222,10 +222,12 @@ def _fork(target: Callable[..., NoReturn], *args: object) -> int:
     """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid."""
     sys.stdout.flush()
     sys.stderr.flush()
+    launcher = os.getpid()
     pid = os.fork()
     if pid == 0:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        die_with_parent(launcher)  # no SuperNode or task outlives a killed launcher
         target(*args)
     return pid
 

@@ -34,8 +34,10 @@ from types import TracebackType
 from typing import Self
 
 from experiments.deployment.deploy_commands import (
+    CHECKPOINT_EVERY,
     CONNECTION,
     Deployment,
+    checkpointed,
     connection_toml,
     node_settings,
     superlink_command,
@@ -55,7 +57,7 @@ from experiments.flower.flower_procs import (
 )
 
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
-__all__ = ["TAG", "Deployment", "LocalFederation", "node_settings"]  # what a run on a LocalFederation needs
+__all__ = ["CHECKPOINT_EVERY", "TAG", "Deployment", "LocalFederation", "checkpointed", "node_settings"]  # what a run on a LocalFederation needs
 
 
 class LocalFederation:

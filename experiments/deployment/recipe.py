@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.deployment.deploy_commands import (
     CONNECTION,
+    checkpointed,
     connection_toml,
     node_settings,
     superlink_command,
@@ -50,7 +51,8 @@ def kit_runs(
     """The runs of ``experiment_file`` as a kit's devices run them: one client per SuperNode.
 
     Settings come in the order ``fedsketch deploy`` applies them: the file, one
-    client per SuperNode, then ``overrides``. The experiment is named
+    client per SuperNode, then ``overrides``; then checkpoints (:func:`checkpointed`) unless ``overrides``
+    set ``checkpoint-every``. The experiment is named
     ``NAME-kit`` unless ``overrides`` names one, and ``out_dir`` stays relative:
     the SuperLink's ServerApp writes under the folder the SuperLink runs in.
 
@@ -64,7 +66,8 @@ def kit_runs(
     if "experiment" not in given:
         first = load_experiment(experiment_file, values, 1, strategies).runs[0]
         values["experiment"] = runlog.experiment_name(first) + KIT_SUFFIX
-    return load_experiment(experiment_file, values, seeds, strategies).runs
+    runs = load_experiment(experiment_file, values, seeds, strategies).runs
+    return runs if "checkpoint-every" in given else checkpointed(runs)
 
 
 def write_kit(
