@@ -161,9 +161,9 @@ class FedSketchStrategy(Strategy):
             self.set_weights(torch.as_tensor(initial_arrays["w"].numpy()).to(self.weights.device))
         num_rounds = num_rounds if num_rounds is not None else self.cfg.num_rounds
         self.summary()
+        first, spent = self.resume()  # before config.json is written: a refused resume leaves the folder as it was
         if self.out_dir is not None:
             runlog.write_config(self.cfg, self.out_dir)
-        first, spent = self.resume()
         start = time.perf_counter() - spent
         for rnd in range(first, num_rounds + 1):
             self.run_round(rnd, grid, train_config or ConfigRecord(), timeout)

@@ -20,15 +20,20 @@ The child forgets this package (``clients``) before loading the app, so the
 run's FAB, not the copy installed on the device, supplies the ClientApp's
 code; a FAB already extracted by an earlier task (same SHA-256) is not
 extracted again. Runtime dependency installation stays off. The processes are
-named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``). The
-launcher exits when the SuperNode does, with its exit code, so a supervisor
-(systemd) restarts both.
+named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``); they die
+with the launcher (a parent-death signal), so a killed launcher leaves no
+SuperNode that looks alive and never answers.
 
 It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
-(:mod:`clients.runtime.joining`), ``waiting for the SuperLink at ...`` while the
-SuperNode still retries, and, when the SuperNode exits before that (a key the
-SuperLink refuses, one it cannot read), what its exit code most likely means. After a reply, its
-SuperNode soon asks for the next message (:mod:`clients.runtime.supernode_waits`) and it for the next task.
+(:mod:`clients.runtime.supernode_child`), ``waiting for the SuperLink at ...`` while the
+SuperNode still retries, what may be wrong after a few failed attempts (a plain-text device
+against a TLS SuperLink is named: :mod:`clients.runtime.link_probe`), and, when the SuperNode
+exits before that (a key the SuperLink refuses, one it cannot read), what its exit code most
+likely means; the launcher then exits with it, so a supervisor (systemd) restarts both. A
+SuperNode that exits once it had joined (its SuperLink restarted and no longer knows it, or
+refuses it for a while) is started again by the launcher, after a wait that doubles up to a
+minute. After a reply, its SuperNode soon asks for the next message
+(:mod:`clients.runtime.supernode_waits`) and it for the next task.
 
 Usage (``docs/deployment.md``)::
 
@@ -42,7 +47,6 @@ import gc
 import importlib
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -51,8 +55,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from clients.runtime.forked import die_with_parent, limit_malloc_arenas, run_supernode, run_task
-from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
+from clients.runtime.forked import die_with_parent, limit_malloc_arenas, run_task
+from clients.runtime.joining import KEY_INVALID, Joining, exit_hint
+from clients.runtime.supernode_child import Restarts, SuperNodeChild
 from clients.runtime.supernode_waits import Backoff, check_choice
 
 if TYPE_CHECKING:
@@ -70,7 +75,6 @@ DEFAULT_PRELOAD = (
 DEFAULT_PORT = 9094  # flower-supernode's default Runtime API port
 OWNED_FLAGS = ("--isolation", "--host", "--port")  # the launcher sets these on the SuperNode
 STOP_GRACE_S = 10.0
-JOIN_PATIENCE_S = 2.0  # after warming up: how long the SuperNode may take to join before we say we wait
 
 
 @dataclass(frozen=True)
@@ -126,34 +130,38 @@ def preload(modules: Sequence[str]) -> None:
 class Launcher:
     """The SuperNode child, the task children, and the loop that hands tokens to forks."""
 
-    def __init__(self, options: LauncherOptions, supernode: int) -> None:
+    def __init__(self, options: LauncherOptions, command: list[str]) -> None:
         self.options = options
-        self.supernode = supernode  # pid of the forked SuperNode
-        self.returncode: int | None = None
+        self.node = SuperNodeChild(command, options.supernode_waits == "backoff", options.port, _fork)
+        self.restarts = Restarts()
         self.tasks: set[int] = set()
         self.stopping = False
 
+    @property
+    def returncode(self) -> int | None:
+        """The SuperNode's exit code, once it has ended."""
+        return self.node.returncode
+
     def supernode_alive(self) -> bool:
-        """Whether the SuperNode still runs (its exit code is kept once it has ended)."""
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.supernode, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.supernode, 0
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode is None
+        """Whether the SuperNode still runs."""
+        return self.node.alive()
 
     def waiting(self) -> bool:
         """Neither stopped by a signal nor left without its SuperNode."""
         return not self.stopping and self.supernode_alive()
 
     def serve(self) -> int:
-        """Fork a child per task (asking 10 ms after one starts or ends, then backing off to ``poll_s``)."""
+        """Fork a child per task (asking 10 ms after one starts or ends, then backing off to ``poll_s``); start the
+        SuperNode again whenever it exits (:meth:`rejoin`)."""
         client = self._runtime_client()
         backoff, wait = Backoff(first=0.01, cap=self.options.poll_s), self.options.poll_s
         try:
-            while not self.stopping and self.supernode_alive():
+            while not self.stopping:
+                if not self.supernode_alive():
+                    if not self.rejoin():
+                        break
+                    wait = backoff.first
+                    continue
                 if self.tasks and not self._reap():  # a task just ended: its reply is out, the next message comes soon
                     wait = backoff.first
                 if not self.tasks and (token := self._acquire(client)) is not None:
@@ -167,16 +175,47 @@ class Launcher:
             self.stop()
         return abs(self.returncode or 0)
 
+    def rejoin(self) -> bool:
+        """Start the SuperNode again after it exited (its SuperLink restarted, refused it, or it gave up), after a
+        wait that doubles on each try; ``False`` when stopped meanwhile or the node's key cannot be read."""
+        self._end_tasks()  # they talked to the SuperNode that is gone
+        wait, superlink = self.restarts.next(), self.node.superlink
+        print(
+            f"launcher: the SuperNode exited with code {self.returncode}; starting it again in {wait:.0f} s to "
+            f"rejoin the SuperLink at {superlink}",
+            flush=True,
+        )
+        deadline = time.monotonic() + wait
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.stopping:
+            return False
+        self.node.start()
+        joining = self.node.join(self.waiting)
+        if joining.node is None:
+            hint = exit_hint(joining, superlink)
+            if hint:
+                print(f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}", flush=True)
+            return joining.flower_exit != KEY_INVALID
+        self.restarts.joined()
+        print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink} again", flush=True)
+        return True
+
     def stop(self) -> None:
         """SIGTERM the SuperNode and the running tasks; SIGKILL what is left after a grace period."""
         self.stopping = True
-        pids = [p for p in (*self.tasks, self.supernode) if _signal(p, signal.SIGTERM)]
+        self._end_tasks(include_supernode=True)
+
+    def _end_tasks(self, include_supernode: bool = False) -> None:
+        """SIGTERM the running tasks (and the SuperNode); SIGKILL what is left after a grace period."""
+        supernode = [self.node.pid] if include_supernode and self.supernode_alive() else []
+        pids = [p for p in (*self.tasks, *supernode) if _signal(p, signal.SIGTERM)]
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and (self.supernode_alive() or self._reap()):
+        while time.monotonic() < deadline and ((supernode and self.supernode_alive()) or self._reap()):
             time.sleep(0.1)
         for pid in pids:
             _signal(pid, signal.SIGKILL)
-        while self.supernode_alive():
+        while supernode and self.supernode_alive():
             time.sleep(0.05)
         self._reap()
 
@@ -240,16 +279,6 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
-def _wait_listening(launcher: Launcher) -> None:
-    """Wait until the SuperNode's Runtime API accepts connections (or the SuperNode exits, or we stop)."""
-    port = launcher.options.port
-    while launcher.supernode_alive() and not launcher.stopping:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-
-
 def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
     parser = argparse.ArgumentParser(
         prog="python -m clients.runtime.launcher",
@@ -282,9 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     importlib.import_module("flwr.supernode.cli.flower_supernode")
     gc.collect()
     gc.freeze()
-    joined, joined_w = os.pipe()
-    launcher = Launcher(options, _fork(run_supernode, command, joined_w, options.supernode_waits == "backoff"))
-    os.close(joined_w)  # the SuperNode holds the only writer: its exit ends the pipe
+    launcher = Launcher(options, command)
+    launcher.node.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopper(launcher))
     try:
@@ -292,11 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         launcher.stop()
         sys.exit(f"cannot preload {exc.name!r}: {exc}")
-    warm_s, superlink = time.perf_counter() - start, superlink_of(command)
-    _wait_listening(launcher)
-    waiting_line = f"launcher: waiting for the SuperLink at {superlink} (the SuperNode retries until it connects)"
-    joining = wait_joined(joined, launcher.waiting, JOIN_PATIENCE_S, lambda: print(waiting_line, flush=True))
-    os.close(joined)
+    warm_s, superlink = time.perf_counter() - start, launcher.node.superlink
+    joining = launcher.node.join(launcher.waiting)
     if joining.node is None:  # the SuperNode exited (refused, its Runtime API port taken, ...), or we were stopped
         return _stopped_before_ready(launcher, superlink, joining)
     print(

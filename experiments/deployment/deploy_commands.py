@@ -24,6 +24,8 @@ from fedsketch.setting import ConfigError
 CONNECTION = "fedsketch-deploy"
 ISOLATIONS = ("launcher", "subprocess")
 CHECKPOINT_EVERY = 5
+DATABASE = "superlink.db"
+"""The file that holds a SuperLink's state (Flower's ``--database``): in a kit's ``server/``, in a local federation's folder."""
 """Deployed runs checkpoint every this many rounds unless told otherwise: a lost server loses at most these."""
 
 

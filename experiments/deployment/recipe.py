@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.deployment.deploy_commands import (
     CONNECTION,
+    DATABASE,
     checkpointed,
     connection_toml,
     node_settings,
@@ -171,7 +172,7 @@ def _instructions(
     folder: Path, certs: ServerCertificates, server: str, port: int, n: int, files: Mapping[str, RunConfig]
 ) -> str:
     rel = ServerCertificates(*(Path("server") / p.name for p in (certs.ca_cert, certs.server_cert, certs.server_key)))
-    link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0"))
+    link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0", database=Path("server") / DATABASE))
     register = "\n".join(f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n))
     runs = "\n".join(
         f"     admin/{name}: {cfg.strategy}, {cfg.num_rounds} rounds -> {runlog.run_dir(cfg)}/metrics.jsonl"
@@ -189,6 +190,8 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    {link}
 
    Metrics go to runs/<experiment>/<strategy>/metrics.jsonl under the folder it was started in.
+   Its state (registered devices, runs) is kept in server/{DATABASE}: started again with the same
+   command after a crash or a reboot, it knows every device, and the devices carry on by themselves.
 
 2. Operator (any machine with fedsketch installed that reaches {server}:{port}; the server will do):
    in this kit's folder, register every device's public key, then start a run.
@@ -201,7 +204,10 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    Each run config holds every setting of one run (one client per SuperNode), and its results' folder:
 {runs}
    Change a setting by editing its line. The app's code travels with each run;
-   devices need only its dependencies.
+   devices need only its dependencies. A round goes on with a majority of the devices
+   (min-nodes); the server saves a checkpoint every few rounds (checkpoint-every): the same
+   flwr run again resumes after the last one (a finished run does nothing; delete its folder
+   to run it afresh).
 
 3. Device i (i = 0..{n - 1}): copy devices/node-i/ to {INSTALL_DIR}/node-i, make {INSTALL_DIR}/venv with a
    CPU-only torch, flwr and fedsketch (docs/deployment.md, "Setting up a device"), then either run it by hand:
