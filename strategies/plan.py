@@ -93,7 +93,14 @@ def missing_nodes(cfg: RunConfig, connected: int, server_round: int) -> int:
     if cfg.client_assignment != "node" or connected >= cfg.num_clients:
         return 0
     missing = cfg.num_clients - connected
-    log(WARNING, "round %d: %d of the %d nodes missing; going on with %d", server_round, missing, cfg.num_clients, connected)
+    log(
+        WARNING,
+        "round %d: %d of the %d nodes missing; going on with %d",
+        server_round,
+        missing,
+        cfg.num_clients,
+        connected,
+    )
     return missing
 
 

@@ -83,7 +83,11 @@ def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_dev
     deployed = runner.load_experiment(runner.DEFAULT_CONFIG, {**node_settings(3), "num-rounds": 7}).runs
     assert [run.strategy for run in deployed] == ["fetchsgd", "local_topk", "fedavg"]
     names = ["run_config.toml", *(f"run_config.{run.strategy}.toml" for run in deployed[1:])]
-    saves = {"fetchsgd": CHECKPOINT_EVERY, "local_topk": 0, "fedavg": CHECKPOINT_EVERY}  # local top-k's clients keep state
+    saves = {
+        "fetchsgd": CHECKPOINT_EVERY,
+        "local_topk": 0,
+        "fedavg": CHECKPOINT_EVERY,
+    }  # local top-k's clients keep state
     for name, run in zip(names, deployed, strict=True):
         settings = tomllib.loads((admin / name).read_text())
         expected = {"experiment": "default-kit", "out-dir": "runs", "checkpoint-every": saves[run.strategy]}

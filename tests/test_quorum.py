@@ -47,7 +47,7 @@ def test_a_node_gone_for_good_is_counted_each_round_and_the_run_goes_on(
     cfg = RunConfig.from_mapping(SETTINGS)
     strat = build_strategy(cfg, tmp_path)
     with caplog.at_level(logging.WARNING, logger="flwr"), task_identity():
-        strat.start(Losing(cfg.to_mapping()))
+        strat.start(Losing(cfg.to_mapping()))  # type: ignore[arg-type]
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [(r["round"], r["missing_nodes"], r["sampled"], r["clients"], r["applied"]) for r in rounds] == [
         (1, 0, 4, 4, True),
@@ -57,7 +57,13 @@ def test_a_node_gone_for_good_is_counted_each_round_and_the_run_goes_on(
         (5, 1, 3, 3, True),
     ]
     assert "round 3: 1 of the 4 nodes missing; going on with 3" in caplog.text
-    assert [json.loads(line)["round"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert [json.loads(line)["round"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_simulated_nodes_are_never_missing(tmp_path: Path) -> None:
@@ -65,6 +71,6 @@ def test_simulated_nodes_are_never_missing(tmp_path: Path) -> None:
     cfg = RunConfig.from_mapping({**SETTINGS, "client-assignment": "cohort", "num-clients": 8, "min-nodes": 1})
     strat = build_strategy(cfg, tmp_path)
     with task_identity():
-        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2))
+        strat.start(InProcessGrid(cfg.to_mapping(), num_nodes=2))  # type: ignore[arg-type]
     rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [r["missing_nodes"] for r in rounds] == [0] * 5

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, SESSION_TAG, flower_pids
-from listening import ListeningWatch, off_loopback
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
+from listening import ListeningWatch, off_loopback
 
 from clients.runtime import simulation_backend
 from clients.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count

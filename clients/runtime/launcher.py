@@ -165,7 +165,7 @@ class Launcher:
                 if self.tasks and not self._reap():  # a task just ended: its reply is out, the next message comes soon
                     wait = backoff.first
                 if not self.tasks and (token := self._acquire(client)) is not None:
-                    self.tasks.add(_fork(run_task, token, self.options.runtime_address))
+                    self.tasks.add(_fork(run_task, token, self.options.runtime_address, on_parent_death=signal.SIGKILL))
                     wait = backoff.first
                     continue
                 time.sleep(wait)
@@ -195,7 +195,9 @@ class Launcher:
         if joining.node is None:
             hint = exit_hint(joining, superlink)
             if hint:
-                print(f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}", flush=True)
+                print(
+                    f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}", flush=True
+                )
             return joining.flower_exit != KEY_INVALID
         self.restarts.joined()
         print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink} again", flush=True)
@@ -257,8 +259,11 @@ class Launcher:
         return bool(self.tasks)
 
 
-def _fork(target: Callable[..., NoReturn], *args: object) -> int:
-    """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid."""
+def _fork(target: Callable[..., NoReturn], *args: object, on_parent_death: int = signal.SIGTERM) -> int:
+    """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid.
+
+    The child gets ``on_parent_death`` when the launcher dies: SIGTERM lets a SuperNode say goodbye to its
+    SuperLink; a task has nobody to tell and gets SIGKILL."""
     sys.stdout.flush()
     sys.stderr.flush()
     launcher = os.getpid()
@@ -266,7 +271,7 @@ def _fork(target: Callable[..., NoReturn], *args: object) -> int:
     if pid == 0:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        die_with_parent(launcher)  # no SuperNode or task outlives a killed launcher
+        die_with_parent(launcher, on_parent_death)  # no SuperNode or task outlives a killed launcher
         target(*args)
     return pid
 

@@ -81,7 +81,7 @@ class SuperNodeChild:
         """
         self._wait_listening(waiting)
         line = f"launcher: waiting for the SuperLink at {self.superlink} (the SuperNode retries until it connects)"
-        device_tls, said = "--insecure" not in self.command, []
+        device_tls, said = "--insecure" not in self.command, list[str]()
 
         def on_slow() -> None:
             if not said:

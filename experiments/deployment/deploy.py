@@ -59,7 +59,14 @@ from experiments.flower.flower_procs import (
 )
 
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
-__all__ = ["CHECKPOINT_EVERY", "TAG", "Deployment", "LocalFederation", "checkpointed", "node_settings"]  # what a run on a LocalFederation needs
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "TAG",
+    "Deployment",
+    "LocalFederation",
+    "checkpointed",
+    "node_settings",
+]  # what a run on a LocalFederation needs
 
 
 class LocalFederation:
