@@ -85,7 +85,7 @@ def test_a_device_lost_for_good_in_round_3_of_6_leaves_a_quorum_that_finishes_th
         print(
             f"round {r['round']}: missing {r['missing_nodes']}, sampled {r['sampled']}, clients {r['clients']}, "
             f"timeouts {r['timeouts']}, client errors {r['client_errors']}, applied {r['applied']}, "
-            f"ended {waited:+.1f} s after the kill"
+            f"ended {waited:+.1f} s after the kill {r.get('first_failure', '')[:160]}"
         )
     assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5, 6] and all(r["applied"] for r in rounds)
     assert [r["clients"] for r in rounds[:2]] == [4, 4] and rounds[2]["clients"] == 3

@@ -21,6 +21,7 @@ SETTINGS = {
     "k": 30,
     "sketch-rows": 3,
     "sketch-cols": 400,
+    "round-timeout": 5.0,  # a round that waits for nodes (it must not) fails in seconds
 }
 
 

@@ -147,8 +147,9 @@ def _write_device(folder: Path, certs: ServerCertificates, server: str, port: in
         "#!/bin/sh\n"
         f"# fedsketch SuperNode {i} of {n}, under the ClientApp launcher (a fork per round; docs/deployment.md).\n"
         "# Needs a venv with torch, flwr and fedsketch (FEDSKETCH_VENV, default below).\n"
-        "# It retries while the link is down. After a crash, Flower (1.41, 1.42) refuses the node until its old\n"
-        "# session times out (up to a minute) and it exits: run it under a supervisor (systemd unit beside).\n"
+        "# It retries while the link is down; once joined, the launcher starts the SuperNode again whenever it exits.\n"
+        "# Refused at its first start (after a crash, Flower 1.42 refuses the node until its old session times out,\n"
+        "# up to a minute), it exits: run it under a supervisor (systemd unit beside).\n"
         'set -eu\ncd "$(dirname "$0")"\n'
         f'export PATH="${{FEDSKETCH_VENV:-{INSTALL_DIR}/venv}}/bin:$PATH"\n'
         'export FLWR_HOME="${FLWR_HOME:-$HOME/.flwr}" FLWR_TELEMETRY_ENABLED=0\n'
