@@ -59,6 +59,9 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
     assert len(publics) == 3
     settings = tomllib.loads((tmp_path / "kit" / "admin" / "run_config.toml").read_text())
     assert settings.items() >= node_settings(3).items()
+    # the SuperLink keeps its state in the kit's server/ folder: a restart keeps the registered devices
+    link = next(shlex.split(line) for line in text.splitlines() if line.strip().startswith("flower-superlink"))
+    assert link[link.index("--database") + 1] == "server/superlink.db"
 
 
 def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_device(tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def test_an_inprocess_run_is_staged_with_the_inprocess_clientapp_only(tmp_path: 
         stage_app(bare, tmp_path / "bare-staged", INPROCESS_CLIENTAPP)
 
 
+@pytest.mark.slow  # a real process, killed
 def test_a_killed_command_leaves_its_staged_app_in_the_runs_folder_and_the_next_start_replaces_it(
     tmp_path: Path,
 ) -> None:
