@@ -66,6 +66,7 @@ def test_fedsketch_deploy_trains_fetchsgd_with_one_client_per_supernode(
         assert fedsketch_main(args) == 0
     # the SuperLink and each SuperNode's Runtime API listen (the watch does see them), on loopback only
     assert len(ports.sockets) >= 3, ports.sockets
+    print(f"deploy: listening: {sorted(f'{ip}:{port} ({who})' for (ip, port), who in ports.sockets.items())}")
     assert not off_loopback(ports.sockets), f"listening beyond loopback: {off_loopback(ports.sockets)}"
     rows = _rows(tmp_path / "deploy" / "fetchsgd")
     assert [r["round"] for r in rows] == [1, 2]

@@ -292,6 +292,7 @@ def test_both_backends_and_both_runtimes_give_the_same_run_and_only_ray_starts_r
         assert code == 0
         # Ray's GCS server, raylet and workers listen (the watch does see them), on loopback only; so does a SuperLink
         assert bool(ports.sockets) == (backend == "ray" or runtime == "superlink"), (name, ports.sockets)
+        print(f"{name}: listening: {sorted(f'{ip}:{port} ({who})' for (ip, port), who in ports.sockets.items())}")
         assert not off_loopback(ports.sockets), f"{name}: listening beyond loopback: {off_loopback(ports.sockets)}"
         assert any(FLOWER_PROGRAM[runtime] in cmd for cmd in seen), seen  # the watcher does see Flower's processes
         assert any("flower-superlink" in cmd for cmd in seen) == (runtime == "superlink"), sorted(seen)

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = ["Launcher", "LauncherOptions", "main", "preload", "supernode_argv"]  # the options live beside
 
 STOP_GRACE_S = 10.0
+STALE_CHECK_S = 1.0  # while a task runs, how often to ask whether the SuperNode has moved on to another
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -87,6 +88,7 @@ class Launcher:
         self.restarts = Restarts()
         self.tasks: set[int] = set()
         self.stopping = False
+        self._asked = 0.0  # when the launcher last asked the SuperNode for a task (monotonic clock)
 
     @property
     def returncode(self) -> int | None:
@@ -115,7 +117,8 @@ class Launcher:
                     continue
                 if self.tasks and not self._reap():  # a task just ended: its reply is out, the next message comes soon
                     wait = backoff.first
-                if not self.tasks and (token := self._acquire(client)) is not None:
+                if self._ask_now() and (token := self._acquire(client)) is not None:
+                    self._end_stale_tasks()
                     self.tasks.add(_fork(run_task, token, self.options.runtime_address, on_parent_death=signal.SIGKILL))
                     wait = backoff.first
                     continue
@@ -153,6 +156,25 @@ class Launcher:
         self.restarts.joined()
         print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink} again", flush=True)
         return True
+
+    def _ask_now(self) -> bool:
+        """Whether to ask for a task: at once when none runs, at most once a :data:`STALE_CHECK_S` while one does."""
+        if self.tasks and time.monotonic() - self._asked < STALE_CHECK_S:
+            return False
+        self._asked = time.monotonic()
+        return True
+
+    def _end_stale_tasks(self) -> None:
+        """A new task while one still runs: the SuperNode (one message at a time) gave up on the running one's message.
+
+        Flower 1.42's SuperNode creates a task for a message before it knows that the message's run has ended (a
+        SuperLink restarted under a run, say), then drops the message but not the task; that task's ClientApp waits
+        for the message's content for up to two hours (Flower's ``PULL_MAX_TIME``). Ended, it stops blocking the
+        device's next rounds.
+        """
+        if self.tasks:
+            print(f"launcher: a new task came while task(s) {sorted(self.tasks)} still ran; ending them", flush=True)
+            self._end_tasks()
 
     def stop(self) -> None:
         """SIGTERM the SuperNode and the running tasks; SIGKILL what is left after a grace period."""
