@@ -33,7 +33,8 @@ likely means; the launcher then exits with it, so a supervisor (systemd) restart
 SuperNode that exits once it had joined (its SuperLink restarted and no longer knows it, or
 refuses it for a while) is started again by the launcher, after a wait that doubles up to a
 minute. After a reply, its SuperNode soon asks for the next message
-(:mod:`clients.runtime.supernode_waits`) and it for the next task.
+(:mod:`clients.runtime.supernode_waits`) and it for the next task; a task that the
+SuperNode left behind (a message of a run that ended) is ended when the next one comes.
 
 Usage (``docs/deployment.md``)::
 
