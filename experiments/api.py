@@ -59,6 +59,7 @@ def run(
     runtime: str = "process",
     supernodes: int = 2,
     plot: bool = False,
+    restart: bool = False,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """Run an experiment file (default: the embedded default job) and return every run's metrics rows.
@@ -73,21 +74,23 @@ def run(
         or a pair of ``torch.utils.data.Dataset``) as docs/data.md describes.
     strategies, seeds
         Override the experiment's ``[compare]`` table.
-    out, backend, runtime, supernodes, plot
-        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes`` and (negated) ``--no-plot``;
-        unlike the command, no plots or report unless ``plot=True``.
+    out, backend, runtime, supernodes, plot, restart
+        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes``, (negated) ``--no-plot`` and
+        ``--restart``; unlike the command, no plots or report unless ``plot=True``.
     settings
         Run settings, ``num_rounds=20`` for ``num-rounds = 20``.
 
     Raises
     ------
     ConfigError
-        A setting, the data or the model is refused (nothing was started).
+        A setting, the data or the model is refused, or a run's checkpoint is of other settings (nothing was
+        started).
     RunFailed
         A run stopped before its last round (its reason is in its ``flower.log``).
     """
     out = Path(out).resolve()
     experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
+    runner.check_resumes(experiment.runs, restart)
     fed = federation(supernodes, None, backend, runtime)
     check_placement(experiment, fed)
     code = execute(experiment, fed, plot)

@@ -34,6 +34,10 @@ from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 
+COUNTED_AS = {"timeouts": "timed out", "errors": "counted as a client error", "rejected": "rejected"}
+"""How ``flower.log`` names each kind of failure: as the round's counts do (``timeouts``, ``client_errors``,
+``rejected``)."""
+
 
 @dataclass
 class RoundReplies:
@@ -51,6 +55,7 @@ class RoundReplies:
     members: list[ClientUpdate] = field(default_factory=list)  # their clients, each counted (no payload)
     clipped: int = 0  # uploads the nodes that merged them scaled down to ``clip-norm``
     failures: dict[int, str] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)  # the kind each client of ``failures`` counts as
     upload_bytes: int = 0
     diagnostic_bytes: int = 0  # not communication: what clients handed over for diagnostics only
     timeouts: int = 0
@@ -71,7 +76,7 @@ class RoundReplies:
         """Record one client's failure of ``kind`` (``timeouts``, ``errors``, ``rejected`` or ``bounded``)."""
         setattr(self, kind, getattr(self, kind) + 1)
         if cid is not None:
-            self.failures[cid] = reason[:300]
+            self.failures[cid], self.kinds[cid] = reason[:300], kind
 
 
 def exchange(grid: Grid, requests: list[Message], timeout: float) -> tuple[list[Message], dict[str, int]]:
@@ -145,7 +150,7 @@ def collect(
             for cid in _each_client(cids):
                 out.fail(cid, "timeouts", f"node {node} did not reply in time")
     for cid, reason in out.failures.items():
-        log(WARNING, "client %d rejected: %s", cid, reason)
+        log(WARNING, "client %d %s: %s", cid, COUNTED_AS[out.kinds[cid]], reason)
     out.updates.sort(key=lambda u: u.cid)
     out.merged.sort(key=lambda u: u.cid)
     return out

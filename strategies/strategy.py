@@ -46,7 +46,6 @@ from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import RoundReplies, collect, exchange
 from strategies.values import ServerValues
 
-
 DIVERGED_LOSS = 1e6
 """A test loss above this (the true class's probability below e^-1,000,000 on average) means training diverged:
 an untrained model's is about ln(classes), and no run that learns comes near it."""
@@ -115,13 +114,15 @@ class FedSketchStrategy(Strategy):
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful)
+        nodes = plan.wait_for_nodes(grid, self.cfg.min_nodes, self.cfg.round_timeout)
+        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful, nodes)
+        missing = plan.missing_nodes(self.cfg, len(nodes), server_round)
         self.values = self.values.book(homes=homes)
         base = {**dict(config), **self.method.wire.round_config(self.cfg), "server-round": server_round}
         echo: dict[str, Any] = dict(self.method.wire.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
             echo[wire.MODEL_CRC] = messages.model_crc(self.weights.cpu().numpy())  # must have trained on this
-        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo)
+        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo, missing)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -170,9 +171,9 @@ class FedSketchStrategy(Strategy):
             self.set_weights(torch.as_tensor(initial_arrays["w"].numpy()).to(self.weights.device))
         num_rounds = num_rounds if num_rounds is not None else self.cfg.num_rounds
         self.summary()
+        first, spent = self.resume()  # before config.json is written: a refused resume leaves the folder as it was
         if self.out_dir is not None:
             runlog.write_config(self.cfg, self.out_dir)
-        first, spent = self.resume()
         start = time.perf_counter() - spent
         for rnd in range(first, num_rounds + 1):
             self.run_round(rnd, grid, train_config or ConfigRecord(), timeout)
@@ -312,7 +313,7 @@ class FedSketchStrategy(Strategy):
             self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return
-        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors)
+        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors, self.plan.missing)
         runlog.append_metrics(self.out_dir, line, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:

@@ -19,9 +19,11 @@ from flwr.common.logger import log as flower_log
 from clients.runtime.forked import install_once
 from clients.runtime.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
 from clients.runtime.launcher import LauncherOptions, supernode_argv
+from clients.runtime.link_probe import attempts_hint
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import superlink_command, supernode_command
-from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group
+from experiments.deployment.pki import make_certificates
+from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group, wait_healthy_tls
 from experiments.flower.procs import stop_carrying
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,9 +190,9 @@ def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supern
         stop_carrying(TAG, str(tmp_path), 5.0)
 
 
-def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 120.0, count: int = 1) -> None:
     deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
+    while log.read_text(errors="replace").count(text) < count:
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"no {text!r} (exit code {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.5)
@@ -224,3 +226,110 @@ def test_a_runtime_port_taken_is_one_line_saying_what_to_do(tmp_path: Path, no_l
     assert done.returncode != 0, out
     assert "Traceback" not in out, out
     assert "launcher: SuperNode Runtime HTTP API failed to start. Another process may hold its port" in out, out
+
+
+@pytest.mark.slow
+def test_a_plain_text_device_against_a_tls_superlink_is_told_so_within_30_s(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """The SuperLink closes the connection without a word and logs nothing; Flower's SuperNode retries for ever."""
+    port, tag = free_port(), {TAG: str(tmp_path)}
+    certs = make_certificates(tmp_path / "certs")
+    link: subprocess.Popen[bytes] | None = None
+    device: subprocess.Popen[bytes] | None = None
+    log = tmp_path / "device.log"
+    try:
+        with open(tmp_path / "superlink.log", "wb") as out:
+            link = subprocess.Popen(
+                [bin_path("flower-superlink"), *superlink_command(port, certs, auth=False)[1:]],
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**flower_env(tmp_path / "link"), **tag},
+            )
+        wait_healthy_tls(f"127.0.0.1:{port}", certs.ca_cert, link, tmp_path / "superlink.log", timeout=60.0)
+        node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)  # --insecure: plain text
+        with open(log, "wb") as out:
+            device = subprocess.Popen(
+                [sys.executable, *node_cmd[1:]],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**flower_env(tmp_path / "node"), **tag},
+                start_new_session=True,
+            )
+        started = time.monotonic()
+        _wait_for(log, "Is the SuperLink using TLS? It is", device, timeout=60.0)
+        took = time.monotonic() - started
+    finally:
+        for proc in (device, link):
+            if proc is not None:
+                stop_group(proc)
+        stop_carrying(TAG, str(tmp_path), 5.0)
+    hint = next(line for line in log.read_text().splitlines() if "Is the SuperLink using TLS?" in line)
+    print(f"after {took:.1f} s: {hint}")
+    assert took < 30.0
+    assert f"attempts to reach the SuperLink at 127.0.0.1:{port} failed" in hint
+    assert "this device connects in plain text (--insecure): give the SuperNode the CA certificate" in hint
+    assert "launcher ready" not in log.read_text()
+
+
+def test_attempts_that_fail_against_nothing_ask_whether_the_superlink_runs_and_uses_tls() -> None:
+    """Nothing listens at the address: the launcher cannot tell a mismatch, and asks both questions."""
+    hint = attempts_hint(f"127.0.0.1:{free_port()}", device_tls=False, attempts=3)
+    assert "3 attempts to reach the SuperLink" in hint and "is the SuperLink using TLS?" in hint
+    assert "It is" not in hint and "This device connects in plain text (--insecure)" in hint
+
+
+def test_a_tls_device_against_a_plain_text_superlink_gets_a_hint_naming_it() -> None:
+    joining = Joining(flower_exit=305, message="Exit Code: 305\n[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    hint = exit_hint(joining, "10.0.0.1:8000")
+    assert hint is not None and "does not answer in TLS, and this device connects with TLS" in hint
+
+
+@pytest.mark.slow
+def test_a_device_whose_superlink_restarted_without_its_state_rejoins_by_itself(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """A SuperLink that keeps its state in memory forgets the node; Flower's SuperNode then exits 0 (a 401 on its
+    heartbeat). The launcher starts it again after a wait, and it joins the new SuperLink as a new node."""
+    port, tag = free_port(), {TAG: str(tmp_path)}
+    link_cmd = [bin_path("flower-superlink"), *superlink_command(port, None, auth=False)[1:]]
+    link_env = {**flower_env(tmp_path / "link"), **tag}
+    node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)
+    log, device = tmp_path / "device.log", None
+
+    def superlink(name: str) -> subprocess.Popen[bytes]:
+        with open(tmp_path / name, "wb") as out:
+            return subprocess.Popen(
+                link_cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=link_env
+            )
+
+    link = superlink("superlink.log")
+    try:
+        with open(log, "wb") as out:
+            device = subprocess.Popen(
+                [sys.executable, *node_cmd[1:]],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**flower_env(tmp_path / "node"), **tag},
+                start_new_session=True,
+            )
+        _wait_for(log, "launcher ready", device)
+        link.kill()
+        link.wait()
+        link = superlink("superlink-again.log")  # in memory: it knows no node
+        started = time.monotonic()
+        _wait_for(log, "connected to the SuperLink at", device, timeout=120.0, count=2)
+        took = time.monotonic() - started
+    finally:
+        for proc in (device, link):
+            if proc is not None:
+                stop_group(proc)
+        stop_carrying(TAG, str(tmp_path), 5.0)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("launcher")]
+    print(f"rejoined {took:.1f} s after the SuperLink started again: {lines[-2:]}")
+    assert re.search(r"the SuperNode exited with code \d+; starting it again in 2 s", "\n".join(lines))
+    assert re.match(r"launcher ready: SuperNode \d+ connected to the SuperLink at 127\.0\.0\.1:\d+ again", lines[-1])

@@ -10,6 +10,7 @@ in the Ray run.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,10 +19,11 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, flower_pids
+from conftest import ROOT, SESSION_TAG, flower_pids
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
+from listening import ListeningWatch, off_loopback
 
 from clients.runtime import simulation_backend
 from clients.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
@@ -285,8 +287,13 @@ def test_both_backends_and_both_runtimes_give_the_same_run_and_only_ray_starts_r
         args += ["--backend", backend, "--runtime", runtime]
         for pair in [*TINY, "experiment=tiny"]:
             args += ["--set", pair]
-        code, seen = _run_watching_processes(args)
+        with ListeningWatch((SESSION_TAG, os.environ[SESSION_TAG])) as ports:
+            code, seen = _run_watching_processes(args)
         assert code == 0
+        # Ray's GCS server, raylet and workers listen (the watch does see them), on loopback only; so does a SuperLink
+        assert bool(ports.sockets) == (backend == "ray" or runtime == "superlink"), (name, ports.sockets)
+        print(f"{name}: listening: {sorted(f'{ip}:{port} ({who})' for (ip, port), who in ports.sockets.items())}")
+        assert not off_loopback(ports.sockets), f"{name}: listening beyond loopback: {off_loopback(ports.sockets)}"
         assert any(FLOWER_PROGRAM[runtime] in cmd for cmd in seen), seen  # the watcher does see Flower's processes
         assert any("flower-superlink" in cmd for cmd in seen) == (runtime == "superlink"), sorted(seen)
         started_ray = any(name in cmd for cmd in seen for name in RAY_NAMES)

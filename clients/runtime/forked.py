@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -115,6 +116,25 @@ def _exit(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal this process gets when its parent dies
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a fork of ``parent`` (the launcher): have the kernel send ``sig`` when the launcher dies, even by SIGKILL.
+
+    A SuperNode left behind by a killed launcher would stay registered and never answer, and every later round
+    would wait for it (the out-of-memory killer picks the launcher, the largest process on a device). SIGTERM
+    lets Flower's SuperNode say goodbye to the SuperLink, which then drops it at once. Linux only; elsewhere a
+    no-op. A launcher that died before the call is seen by the parent pid having changed.
+    """
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
 
 
 def limit_malloc_arenas(count: int) -> None:

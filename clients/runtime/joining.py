@@ -28,11 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 JOINED_LOG = "SuperNode ID: %s"  # what flower-supernode logs once the SuperLink has accepted it (Flower 1.41)
+RETRY_LOG = "Connection attempt failed, retrying in %.2f seconds"  # Flower's retry of an unreachable SuperLink
 EXIT_LOG = re.compile(r"Exit Code: (\d+)")  # how flwr_exit's message starts; the process itself exits with 1
 KEY_INVALID = 302  # Flower's ExitCode.SUPERNODE_NODE_AUTH_KEY_INVALID
 CONNECTION_ERROR = 305  # Flower's ExitCode.SUPERNODE_CONNECTION_ERROR
 ACTIVATION_FAILED = "[code: 2004]"  # the SuperLink's API error: it would not activate this node's key
 TLS_FAILED = "CERTIFICATE_VERIFY_FAILED"
+NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer failure", "packet length too long")  # OpenSSL: no TLS answered
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class Joining:
 
 
 class _Reporter(logging.Handler):
-    """Writes one JSON line to ``fd`` when the SuperNode logs its node id, and one when it gives up."""
+    """Writes one JSON line to ``fd`` when the SuperNode logs its node id, one when it gives up, and one per
+    failed connection attempt."""
 
     def __init__(self, fd: int) -> None:
         super().__init__(logging.INFO)
@@ -58,6 +61,8 @@ class _Reporter(logging.Handler):
             report: dict[str, object] = {"node": int(str(record.args[0]))}
         elif isinstance(record.msg, str) and (match := EXIT_LOG.match(record.msg)):
             report = {"flower_exit": int(match[1]), "message": record.msg[:2000]}
+        elif record.msg == RETRY_LOG:
+            report = {"retry": True}
         else:
             return
         try:
@@ -74,15 +79,21 @@ def report_joining(fd: int) -> logging.Handler:
 
 
 def wait_joined(
-    fd: int, waiting: Callable[[], bool], patience_s: float, on_slow: Callable[[], None], poll_s: float = 0.2
+    fd: int,
+    waiting: Callable[[], bool],
+    patience_s: float,
+    on_slow: Callable[[], None],
+    poll_s: float = 0.2,
+    on_retry: Callable[[int], None] = lambda attempts: None,
 ) -> Joining:
-    """Block until the SuperNode reports its node id on ``fd``; ``on_slow()`` once after ``patience_s`` without it.
+    """Block until the SuperNode reports its node id on ``fd``; ``on_slow()`` once after ``patience_s`` without it,
+    and ``on_retry(n)`` after its ``n``-th failed connection attempt.
 
     Returns without a node id when the pipe closes (the SuperNode exited), or
     when nothing is left to read and ``waiting()`` is false; what the SuperNode
     wrote before it exited is read first.
     """
-    deadline, slow, buffer, last = time.monotonic() + patience_s, False, b"", Joining()
+    deadline, slow, buffer, last, retries = time.monotonic() + patience_s, False, b"", Joining(), 0
     while True:
         if select.select([fd], [], [], poll_s)[0]:
             chunk = os.read(fd, 4096)
@@ -90,7 +101,12 @@ def wait_joined(
                 break
             *lines, buffer = (buffer + chunk).split(b"\n")
             for line in lines:
-                last = Joining(**json.loads(line))
+                report = json.loads(line)
+                if report.pop("retry", False):
+                    retries += 1
+                    on_retry(retries)
+                    continue
+                last = Joining(**report)
                 if last.node is not None:
                     return last
         elif not waiting():
@@ -128,6 +144,12 @@ def exit_hint(joining: Joining, superlink: str) -> str | None:
             "SuperLink first (flwr supernode register KEY.pub CONNECTION). 'could not be activated': this key "
             "is still online from an earlier start that did not stop cleanly; it lapses within a minute, "
             "then start again (the systemd unit retries by itself)"
+        )
+    if any(sign in joining.message for sign in NOT_TLS):
+        return (
+            f"the SuperLink at {superlink} does not answer in TLS, and this device connects with TLS "
+            "(--root-certificates): the SuperLink may run with --insecure. Start it with its certificates, or "
+            "(on a trusted network only) start the device with --insecure"
         )
     if TLS_FAILED in joining.message:
         host = superlink.rsplit(":", 1)[0].strip("[]")

@@ -20,15 +20,21 @@ The child forgets this package (``clients``) before loading the app, so the
 run's FAB, not the copy installed on the device, supplies the ClientApp's
 code; a FAB already extracted by an earlier task (same SHA-256) is not
 extracted again. Runtime dependency installation stays off. The processes are
-named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``). The
-launcher exits when the SuperNode does, with its exit code, so a supervisor
-(systemd) restarts both.
+named ``flower-supernode`` and ``flwr-clientapp`` (``ps -o comm``); they die
+with the launcher (a parent-death signal), so a killed launcher leaves no
+SuperNode that looks alive and never answers.
 
 It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
-(:mod:`clients.runtime.joining`), ``waiting for the SuperLink at ...`` while the
-SuperNode still retries, and, when the SuperNode exits before that (a key the
-SuperLink refuses, one it cannot read), what its exit code most likely means. After a reply, its
-SuperNode soon asks for the next message (:mod:`clients.runtime.supernode_waits`) and it for the next task.
+(:mod:`clients.runtime.supernode_child`), ``waiting for the SuperLink at ...`` while the
+SuperNode still retries, what may be wrong after a few failed attempts (a plain-text device
+against a TLS SuperLink is named: :mod:`clients.runtime.link_probe`), and, when the SuperNode
+exits before that (a key the SuperLink refuses, one it cannot read), what its exit code most
+likely means; the launcher then exits with it, so a supervisor (systemd) restarts both. A
+SuperNode that exits once it had joined (its SuperLink restarted and no longer knows it, or
+refuses it for a while) is started again by the launcher, after a wait that doubles up to a
+minute. After a reply, its SuperNode soon asks for the next message
+(:mod:`clients.runtime.supernode_waits`) and it for the next task; a task that the
+SuperNode left behind (a message of a run that ended) is ended when the next one comes.
 
 Usage (``docs/deployment.md``)::
 
@@ -37,78 +43,29 @@ Usage (``docs/deployment.md``)::
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from clients.runtime.forked import limit_malloc_arenas, run_supernode, run_task
-from clients.runtime.joining import Joining, exit_hint, superlink_of, wait_joined
-from clients.runtime.supernode_waits import Backoff, check_choice
+from clients.runtime.forked import die_with_parent, limit_malloc_arenas, run_task
+from clients.runtime.joining import KEY_INVALID, Joining, exit_hint
+from clients.runtime.launcher_options import LauncherOptions, parse, supernode_argv
+from clients.runtime.supernode_child import Restarts, SuperNodeChild
+from clients.runtime.supernode_waits import Backoff
 
 if TYPE_CHECKING:
     from flwr.supercore.runtime import RuntimeHttpClient
 
-# What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
-DEFAULT_PRELOAD = (
-    "numpy",
-    "torch",
-    "flwr.supernode.runtime.run_clientapp",
-    "flwr.clientapp",
-    "flwr.client.mod",
-    "flwr.compat.common.recorddict_compat",
-)
-DEFAULT_PORT = 9094  # flower-supernode's default Runtime API port
-OWNED_FLAGS = ("--isolation", "--host", "--port")  # the launcher sets these on the SuperNode
+__all__ = ["Launcher", "LauncherOptions", "main", "preload", "supernode_argv"]  # the options live beside
+
 STOP_GRACE_S = 10.0
-JOIN_PATIENCE_S = 2.0  # after warming up: how long the SuperNode may take to join before we say we wait
-
-
-@dataclass(frozen=True)
-class LauncherOptions:
-    """How the launcher reaches its SuperNode and what it loads before the first fork."""
-
-    port: int = DEFAULT_PORT
-    poll_s: float = 0.2
-    preload: tuple[str, ...] = DEFAULT_PRELOAD
-    supernode_waits: str = "backoff"  # supernode_waits.CHOICES: "flower" keeps Flower's 3 s idle wait
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"--port must be a TCP port (1-65535); got {self.port}")
-        if not 0.01 <= self.poll_s <= 60:
-            raise ValueError(f"--poll-s must be between 0.01 and 60 seconds; got {self.poll_s}")
-        check_choice(self.supernode_waits)
-
-    @property
-    def runtime_address(self) -> str:
-        """The SuperNode's Runtime API, on loopback only: it hands out tasks to whoever asks."""
-        return f"127.0.0.1:{self.port}"
-
-
-def supernode_argv(supernode: Sequence[str], options: LauncherOptions) -> list[str]:
-    """The SuperNode's command line, with process isolation and its Runtime API on ``options.port``.
-
-    Raises
-    ------
-    ValueError
-        If the command is not ``flower-supernode ...``, or it sets a flag the launcher owns.
-    """
-    if not supernode or Path(supernode[0]).name != "flower-supernode":
-        raise ValueError("give the SuperNode's command after '--': -- flower-supernode --superlink HOST:PORT ...")
-    owned = [arg for arg in supernode if arg.split("=")[0] in OWNED_FLAGS]
-    if owned:
-        raise ValueError(f"the launcher sets {', '.join(OWNED_FLAGS)} on the SuperNode itself; remove {owned}")
-    return [*supernode, "--isolation", "process", "--host", "127.0.0.1", "--port", str(options.port)]
+STALE_CHECK_S = 1.0  # while a task runs, how often to ask whether the SuperNode has moved on to another
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -126,38 +83,44 @@ def preload(modules: Sequence[str]) -> None:
 class Launcher:
     """The SuperNode child, the task children, and the loop that hands tokens to forks."""
 
-    def __init__(self, options: LauncherOptions, supernode: int) -> None:
+    def __init__(self, options: LauncherOptions, command: list[str]) -> None:
         self.options = options
-        self.supernode = supernode  # pid of the forked SuperNode
-        self.returncode: int | None = None
+        self.node = SuperNodeChild(command, options.supernode_waits == "backoff", options.port, _fork)
+        self.restarts = Restarts()
         self.tasks: set[int] = set()
         self.stopping = False
+        self._asked = 0.0  # when the launcher last asked the SuperNode for a task (monotonic clock)
+
+    @property
+    def returncode(self) -> int | None:
+        """The SuperNode's exit code, once it has ended."""
+        return self.node.returncode
 
     def supernode_alive(self) -> bool:
-        """Whether the SuperNode still runs (its exit code is kept once it has ended)."""
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.supernode, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.supernode, 0
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode is None
+        """Whether the SuperNode still runs."""
+        return self.node.alive()
 
     def waiting(self) -> bool:
         """Neither stopped by a signal nor left without its SuperNode."""
         return not self.stopping and self.supernode_alive()
 
     def serve(self) -> int:
-        """Fork a child per task (asking 10 ms after one starts or ends, then backing off to ``poll_s``)."""
+        """Fork a child per task (asking 10 ms after one starts or ends, then backing off to ``poll_s``); start the
+        SuperNode again whenever it exits (:meth:`rejoin`)."""
         client = self._runtime_client()
         backoff, wait = Backoff(first=0.01, cap=self.options.poll_s), self.options.poll_s
         try:
-            while not self.stopping and self.supernode_alive():
+            while not self.stopping:
+                if not self.supernode_alive():
+                    if not self.rejoin():
+                        break
+                    wait = backoff.first
+                    continue
                 if self.tasks and not self._reap():  # a task just ended: its reply is out, the next message comes soon
                     wait = backoff.first
-                if not self.tasks and (token := self._acquire(client)) is not None:
-                    self.tasks.add(_fork(run_task, token, self.options.runtime_address))
+                if self._ask_now() and (token := self._acquire(client)) is not None:
+                    self._end_stale_tasks()
+                    self.tasks.add(_fork(run_task, token, self.options.runtime_address, on_parent_death=signal.SIGKILL))
                     wait = backoff.first
                     continue
                 time.sleep(wait)
@@ -167,16 +130,68 @@ class Launcher:
             self.stop()
         return abs(self.returncode or 0)
 
+    def rejoin(self) -> bool:
+        """Start the SuperNode again after it exited (its SuperLink restarted, refused it, or it gave up), after a
+        wait that doubles on each try; ``False`` when stopped meanwhile or the node's key cannot be read."""
+        self._end_tasks()  # they talked to the SuperNode that is gone
+        wait, superlink = self.restarts.next(), self.node.superlink
+        print(
+            f"launcher: the SuperNode exited with code {self.returncode}; starting it again in {wait:.0f} s to "
+            f"rejoin the SuperLink at {superlink}",
+            flush=True,
+        )
+        deadline = time.monotonic() + wait
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.stopping:
+            return False
+        self.node.start()
+        joining = self.node.join(self.waiting)
+        if joining.node is None:
+            hint = exit_hint(joining, superlink)
+            if hint:
+                print(
+                    f"launcher: the SuperNode gave up with Flower's exit code {joining.flower_exit}: {hint}", flush=True
+                )
+            return joining.flower_exit != KEY_INVALID
+        self.restarts.joined()
+        print(f"launcher ready: SuperNode {joining.node} connected to the SuperLink at {superlink} again", flush=True)
+        return True
+
+    def _ask_now(self) -> bool:
+        """Whether to ask for a task: at once when none runs, at most once a :data:`STALE_CHECK_S` while one does."""
+        if self.tasks and time.monotonic() - self._asked < STALE_CHECK_S:
+            return False
+        self._asked = time.monotonic()
+        return True
+
+    def _end_stale_tasks(self) -> None:
+        """A new task while one still runs: the SuperNode (one message at a time) gave up on the running one's message.
+
+        Flower 1.42's SuperNode creates a task for a message before it knows that the message's run has ended (a
+        SuperLink restarted under a run, say), then drops the message but not the task; that task's ClientApp waits
+        for the message's content for up to two hours (Flower's ``PULL_MAX_TIME``). Ended, it stops blocking the
+        device's next rounds.
+        """
+        if self.tasks:
+            print(f"launcher: a new task came while task(s) {sorted(self.tasks)} still ran; ending them", flush=True)
+            self._end_tasks()
+
     def stop(self) -> None:
         """SIGTERM the SuperNode and the running tasks; SIGKILL what is left after a grace period."""
         self.stopping = True
-        pids = [p for p in (*self.tasks, self.supernode) if _signal(p, signal.SIGTERM)]
+        self._end_tasks(include_supernode=True)
+
+    def _end_tasks(self, include_supernode: bool = False) -> None:
+        """SIGTERM the running tasks (and the SuperNode); SIGKILL what is left after a grace period."""
+        supernode = [self.node.pid] if include_supernode and self.supernode_alive() else []
+        pids = [p for p in (*self.tasks, *supernode) if _signal(p, signal.SIGTERM)]
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and (self.supernode_alive() or self._reap()):
+        while time.monotonic() < deadline and ((supernode and self.supernode_alive()) or self._reap()):
             time.sleep(0.1)
         for pid in pids:
             _signal(pid, signal.SIGKILL)
-        while self.supernode_alive():
+        while supernode and self.supernode_alive():
             time.sleep(0.05)
         self._reap()
 
@@ -218,14 +233,19 @@ class Launcher:
         return bool(self.tasks)
 
 
-def _fork(target: Callable[..., NoReturn], *args: object) -> int:
-    """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid."""
+def _fork(target: Callable[..., NoReturn], *args: object, on_parent_death: int = signal.SIGTERM) -> int:
+    """Run ``target(*args)`` in a forked child (which must end in ``os._exit``); returns its pid.
+
+    The child gets ``on_parent_death`` when the launcher dies: SIGTERM lets a SuperNode say goodbye to its
+    SuperLink; a task has nobody to tell and gets SIGKILL."""
     sys.stdout.flush()
     sys.stderr.flush()
+    launcher = os.getpid()
     pid = os.fork()
     if pid == 0:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        die_with_parent(launcher, on_parent_death)  # no SuperNode or task outlives a killed launcher
         target(*args)
     return pid
 
@@ -238,40 +258,9 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
-def _wait_listening(launcher: Launcher) -> None:
-    """Wait until the SuperNode's Runtime API accepts connections (or the SuperNode exits, or we stop)."""
-    port = launcher.options.port
-    while launcher.supernode_alive() and not launcher.stopping:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-
-
-def _parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m clients.runtime.launcher",
-        description="Start a Flower SuperNode with a pre-warmed ClientApp launcher (one fork per task).",
-        epilog="Everything after '--' is the SuperNode's command; the launcher adds --isolation process "
-        "--host 127.0.0.1 --port PORT to it.",
-    )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the SuperNode's Runtime API port")
-    parser.add_argument("--poll-s", type=float, default=0.2, help="at most this many seconds between asks for a task")
-    parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules to import once, comma-separated")
-    parser.add_argument("--supernode-waits", default="backoff", help="backoff (ask soon after a reply) or flower")
-    argv = list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    ns = parser.parse_args(argv[:cut])
-    try:
-        options = LauncherOptions(ns.port, ns.poll_s, tuple(m for m in ns.preload.split(",") if m), ns.supernode_waits)
-        return options, supernode_argv(argv[cut + 1 :], options)
-    except ValueError as exc:
-        parser.error(str(exc))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the SuperNode, warm up, and serve its tasks; returns the SuperNode's exit code."""
-    options, command = _parse(sys.argv[1:] if argv is None else argv)
+    options, command = parse(sys.argv[1:] if argv is None else argv)
     start = time.perf_counter()
     limit_malloc_arenas(2)
     # numpy's OpenBLAS would start a thread pool at import: fork with no threads running (torch does the math).
@@ -280,9 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     importlib.import_module("flwr.supernode.cli.flower_supernode")
     gc.collect()
     gc.freeze()
-    joined, joined_w = os.pipe()
-    launcher = Launcher(options, _fork(run_supernode, command, joined_w, options.supernode_waits == "backoff"))
-    os.close(joined_w)  # the SuperNode holds the only writer: its exit ends the pipe
+    launcher = Launcher(options, command)
+    launcher.node.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopper(launcher))
     try:
@@ -290,11 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         launcher.stop()
         sys.exit(f"cannot preload {exc.name!r}: {exc}")
-    warm_s, superlink = time.perf_counter() - start, superlink_of(command)
-    _wait_listening(launcher)
-    waiting_line = f"launcher: waiting for the SuperLink at {superlink} (the SuperNode retries until it connects)"
-    joining = wait_joined(joined, launcher.waiting, JOIN_PATIENCE_S, lambda: print(waiting_line, flush=True))
-    os.close(joined)
+    warm_s, superlink = time.perf_counter() - start, launcher.node.superlink
+    joining = launcher.node.join(launcher.waiting)
     if joining.node is None:  # the SuperNode exited (refused, its Runtime API port taken, ...), or we were stopped
         return _stopped_before_ready(launcher, superlink, joining)
     print(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -85,9 +84,10 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
     if ignored is None:  # a Flower without these helpers: let `flwr run` walk the folder itself
         return app_dir
     files: dict[str, Path] = {}
+    own = dest.resolve()  # an earlier copy in a run folder inside the app, where .gitignore does not exclude it
     for folder, dirs, names in os.walk(app_dir, followlinks=False):
         rel = Path(folder).relative_to(app_dir)
-        dirs[:] = [d for d in dirs if not _excludes(ignored, rel / d)]
+        dirs[:] = [d for d in dirs if not _excludes(ignored, rel / d) and Path(folder, d).resolve() != own]
         for name in names:
             path = Path(folder) / name
             if not path.is_symlink():
@@ -137,8 +137,19 @@ def _excludes(ignored: Any, rel_folder: Path) -> bool:
     return bool(ignored.match_file(f"{rel_folder.as_posix()}/"))
 
 
+STAGED = ".staged-app"
+"""The folder, in a run's own folder, that holds the app's files while ``flwr run`` submits them."""
+
+
 @contextmanager
-def staged_app(app_dir: Path, clientapp: str | None = None) -> Iterator[Path]:
-    """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""
-    with tempfile.TemporaryDirectory(prefix="fedsketch-app-") as tmp:
-        yield stage_app(app_dir, Path(tmp) / "app", clientapp)
+def staged_app(app_dir: Path, under: Path, clientapp: str | None = None) -> Iterator[Path]:
+    """:func:`stage_app` into ``under/.staged-app``, deleted on the way out (the FAB is built at submission).
+
+    ``under`` is the run's own folder: a command killed with SIGKILL leaves the copy there, never in
+    the system's temporary folder, and the run's next start replaces it.
+    """
+    dest = under / STAGED
+    try:
+        yield stage_app(app_dir, dest, clientapp)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)

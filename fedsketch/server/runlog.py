@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 ROUNDS = "rounds.jsonl"
 STATUS = "status.json"
+RESUMED = "resumed.json"
+"""Written by the ServerApp when it resumes the run from its checkpoint: after which round (:func:`mark_resumed`)."""
 SERVER_DONE = "server_done.json"
 """Written by the ServerApp as its last act: everything the run keeps is on disk (see :func:`mark_server_done`)."""
 SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
@@ -190,9 +192,22 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def clear_status(path: Path) -> None:
-    """Forget that the run was stopped, or that its server finished (it is about to run again)."""
-    (path / STATUS).unlink(missing_ok=True)
-    (path / SERVER_DONE).unlink(missing_ok=True)
+    """Forget that the run was stopped, resumed, or that its server finished (it is about to run again)."""
+    for name in (STATUS, SERVER_DONE, RESUMED):
+        (path / name).unlink(missing_ok=True)
+
+
+def mark_resumed(path: Path, server_round: int) -> None:
+    """The ServerApp resumes the run in ``path`` after ``server_round`` (its checkpoint's round)."""
+    _atomic_write(path / RESUMED, json.dumps({"round": server_round, "unix-time": time.time()}) + "\n")
+
+
+def resumed_after(path: Path) -> int | None:
+    """The round after which the ServerApp resumed the run in ``path``; ``None`` if it started afresh (or not yet)."""
+    try:
+        return int(json.loads((path / RESUMED).read_text(encoding="utf-8"))["round"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
 
 
 def mark_server_done(path: Path, num_rounds: int, broken: str | None = None) -> None:
