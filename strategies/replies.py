@@ -34,9 +34,14 @@ from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
 
-COUNTED_AS = {"timeouts": "timed out", "errors": "counted as a client error", "rejected": "rejected"}
+COUNTED_AS = {
+    "timeouts": "timed out",
+    "errors": "counted as a client error",
+    "rejected": "rejected",
+    "bounded": "set aside by the norm bound",
+}
 """How ``flower.log`` names each kind of failure: as the round's counts do (``timeouts``, ``client_errors``,
-``rejected``)."""
+``rejected``, ``bounded``)."""
 
 
 @dataclass

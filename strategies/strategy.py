@@ -43,7 +43,7 @@ from fedsketch.server.evaluate import evaluate
 from fedsketch.server.privacy import privacy_metrics
 from strategies import billing, guard, plan, records, resume, secure
 from strategies.limits import ReplyLimits, for_layout
-from strategies.replies import RoundReplies, collect, exchange
+from strategies.replies import COUNTED_AS, RoundReplies, collect, exchange
 from strategies.values import ServerValues
 
 DIVERGED_LOSS = 1e6
@@ -135,7 +135,7 @@ class FedSketchStrategy(Strategy):
         got.updates, aside = set_aside(self.cfg, self.d, got.updates)
         for cid, why in aside.items():
             got.fail(cid, "bounded", why)
-            log(WARNING, "client %d set aside: %s", cid, why)
+            log(WARNING, "client %d %s: %s", cid, COUNTED_AS["bounded"], why)
         node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.contributors()}}
         self.values = self.values.book(records.round_counts(got, self.dense_bytes), node_cid=node_cid)
         return self.finish_round(server_round, got, len(got.contributors()))
