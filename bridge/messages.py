@@ -358,4 +358,5 @@ def add_failure(content: RecordDict, cid: int, reason: str) -> None:
 def add_rejection(content: RecordDict, cid: int, reason: str, billed: int, kind: str = "rejected") -> None:
     """In a merged reply: why the node refused logical client ``cid``'s upload (``kind``: ``rejected`` by the
     checks, ``bounded`` by the norm bound), and what it sent."""
-    content[wire.rejected_key(cid)] = ConfigRecord({wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed, wire.KIND: kind})
+    record = {wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed, wire.KIND: kind}
+    content[wire.rejected_key(cid)] = ConfigRecord(record)

@@ -187,11 +187,12 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         raise ConfigError(f"supernodes must be at least 1; got {supernodes}")
     import torch
 
-    from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node
+    from bridge import flower
+    from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node, on_public_flower
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
-        return Federation(
+        fed = Federation(
             num_supernodes=supernodes,
             cpus_per_client=cpus_per_node(supernodes),
             gpus_per_client=share,
@@ -200,6 +201,12 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if not flower.internals():
+        print(
+            f"fedsketch: on Flower's public API only ({flower.public_only_reason()}): each run goes through "
+            "flwr run and a SuperLink, on Flower's Ray backend, with Flower's own waits"
+        )
+    return on_public_flower(fed)
 
 
 def check_placement(experiment: Experiment, fed: Federation) -> None:

@@ -137,12 +137,13 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
+    from bridge import flower
     from experiments import api
     from experiments.flower import spare
     from experiments.running import command_plan, forecast, runner
 
     try:
-        if args.as_program:  # the first run's simulation process, importing while this one checks (flower/spare.py)
+        if args.as_program and flower.internals():  # the first run's simulation process, importing meanwhile
             command_plan.start_spare(args.backend, args.runtime)
         strategies = args.strategies.split(",") if args.strategies else None
         overrides = runner.parse_overrides(args.overrides)
@@ -152,8 +153,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         api.check_placement(experiment, federation)
         validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
         todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
-        if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
+        if todo and not args.no_plan and flower.internals():  # one in-process round per run: each one's bytes
             print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
+        elif todo and not args.no_plan:
+            print(f"fedsketch: no byte plan: {PLAN_NEEDS} ({flower.public_only_reason()})", flush=True)
         if args.as_program:
             command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
         return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
@@ -170,11 +173,18 @@ def _check_resumes(runs: Sequence[RunSpec], restart: bool) -> None:
         print(f"fedsketch: deleted {runlog.run_dir(cfg)} (--restart): its checkpoint was of other settings")
 
 
+PLAN_NEEDS = "the byte plan runs a round in this process, which needs Flower internals (bridge/flower.py)"
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Validate every run as ``run`` does; print what each will send (running/forecast.py); start no Flower."""
+    from bridge import flower
     from experiments import api
     from experiments.running import forecast, runner
 
+    if not flower.internals():
+        print(f"fedsketch: error: {PLAN_NEEDS}, and runs on Flower's public API only: {flower.public_only_reason()}")
+        return 2
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     out = args.out.resolve()
@@ -248,6 +258,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
+    from bridge import flower
     from experiments import api
     from experiments.analysis import tracking
     from experiments.deployment import deploy
@@ -275,7 +286,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             tracking.refuse_in_kit(runs)
             print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0
-        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)
+        isolation = args.isolation if flower.internals() else "subprocess"  # the launcher reaches Flower's internals
+        if isolation != args.isolation:
+            print(f"fedsketch: SuperNodes run Flower's own isolation, not the launcher ({flower.public_only_reason()})")
+        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=isolation)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     settings, given = deploy.node_settings(args.supernodes), runner.parse_overrides(args.overrides)

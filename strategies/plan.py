@@ -14,16 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO, WARNING, getLogger
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 
 @dataclass(frozen=True)

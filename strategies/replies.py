@@ -20,11 +20,10 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import WARNING, getLogger
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from bridge.messages import Records, records_of, wire_bytes
@@ -33,6 +32,8 @@ from fedsketch.client.uploads import check_layout, check_values
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 COUNTED_AS = {
     "timeouts": "timed out",
@@ -248,7 +249,9 @@ def _collect_merged(
             continue
         metrics = found.metrics.get(wire.metrics_key(cid))
         if metrics is None or not limits.merged:
-            out.fail(cid, "rejected", "reply has no metrics for this client" if limits.merged else "merged reply refused")
+            out.fail(
+                cid, "rejected", "reply has no metrics for this client" if limits.merged else "merged reply refused"
+            )
             continue
         own = MetricRecord({k: v for k, v in metrics.items() if k != wire.UPLOAD_BYTES})
         billed = _billed(metrics.get(wire.UPLOAD_BYTES), 2 * limits.max_bytes)

@@ -15,16 +15,16 @@ Methods whose clients keep state cannot checkpoint (the config check refuses the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import INFO, getLogger
 from pathlib import Path
 from typing import Any
-
-from flwr.common.logger import log
 
 from fedsketch.config import RunConfig
 from fedsketch.server import checkpoint, runlog
 from fedsketch.server.checkpoint import Checkpoint, CheckpointError
 from strategies.values import ServerValues
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 
 @dataclass(frozen=True)

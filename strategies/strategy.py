@@ -18,14 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from logging import INFO, WARNING
+from logging import INFO, WARNING, getLogger
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
@@ -41,10 +40,12 @@ from fedsketch.server import download, runlog, schedule
 from fedsketch.server.books import Books
 from fedsketch.server.evaluate import evaluate
 from fedsketch.server.privacy import privacy_metrics
-from strategies import billing, guard, plan, records, resume, secure
+from strategies import billing, guard, plan, records, resume
 from strategies.limits import ReplyLimits, for_layout
 from strategies.replies import COUNTED_AS, RoundReplies, collect, exchange
 from strategies.values import ServerValues
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 DIVERGED_LOSS = 1e6
 """A test loss above this (the true class's probability below e^-1,000,000 on average) means training diverged:
@@ -209,6 +210,8 @@ class FedSketchStrategy(Strategy):
 
     def secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
         """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
+        from strategies import secure  # Flower's legacy API (bridge/legacy.py), for these rounds only
+
         self.plan = p = self.plan_round(server_round, config, grid)
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         done = secure.secure_round(

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flwr.app import Message
-from flwr.superlink.grid import InMemoryGrid
+
+from bridge import flower
 
 
 class PushPull(Protocol):
@@ -98,8 +99,9 @@ def pulls_within(schedule: PollSchedule, timeout: float, missing: int = 1) -> in
 
 def schedule_for(grid: object) -> PollSchedule:
     """Flower's simulation grid keeps its own interval (a pull there is an in-process lookup); others back off."""
-    if isinstance(grid, InMemoryGrid):
-        return PollSchedule(grid.pull_interval, 1.0, grid.pull_interval)
+    if flower.simulation_grid(grid):
+        interval = grid.pull_interval  # type: ignore[attr-defined]  # the in-memory grid's own
+        return PollSchedule(interval, 1.0, interval)
     return DEPLOYMENT
 
 

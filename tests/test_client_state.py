@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.client.state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model

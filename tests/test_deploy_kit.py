@@ -44,7 +44,7 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
         assert command[1:4] == [
             "python",
             "-m",
-            "clients.runtime.launcher",
+            "bridge.runtime.launcher",
         ]  # the warm launcher, not one process a round
         assert command[command.index("--port") + 1] == "${FEDSKETCH_RUNTIME_PORT:-9094}"
         assert command[command.index("--superlink") + 1] == "edge.example.org:9100"

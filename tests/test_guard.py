@@ -13,7 +13,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from bridge.messages import model_record
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate

@@ -1,4 +1,4 @@
-"""clients/runtime/launcher.py: the SuperNode under a warm launcher that forks a ClientApp per message."""
+"""bridge/runtime/launcher.py: the SuperNode under a warm launcher that forks a ClientApp per message."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from flwr.common.logger import log as flower_log
 
-from clients.runtime.forked import install_once
-from clients.runtime.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
-from clients.runtime.launcher import LauncherOptions, supernode_argv
-from clients.runtime.link_probe import attempts_hint
+from bridge.runtime.forked import install_once
+from bridge.runtime.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
+from bridge.runtime.launcher import LauncherOptions, supernode_argv
+from bridge.runtime.link_probe import attempts_hint
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import superlink_command, supernode_command
 from experiments.deployment.pki import make_certificates
@@ -58,7 +58,7 @@ def test_a_command_the_launcher_cannot_run_is_refused_with_the_reason(command: l
     with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         supernode_argv(command, LauncherOptions())
     done = subprocess.run(
-        [sys.executable, "-m", "clients.runtime.launcher", "--", *command],
+        [sys.executable, "-m", "bridge.runtime.launcher", "--", *command],
         check=False,
         cwd=ROOT,
         capture_output=True,

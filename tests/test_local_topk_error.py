@@ -25,7 +25,7 @@ from method_helpers import encode
 
 from bridge.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.client.state import state_root

@@ -18,7 +18,7 @@ from flwr.app import Array, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from bridge.messages import records_of
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch.client.uploads import beyond_bound
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog

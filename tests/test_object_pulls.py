@@ -1,4 +1,4 @@
-"""Shorter retries for a message's parts not yet at the SuperLink (clients/runtime/object_pulls.py).
+"""Shorter retries for a message's parts not yet at the SuperLink (bridge/runtime/object_pulls.py).
 
 The retries are Flower's own ``pull_objects``, run here on an object that is missing for its first
 two asks: with Flower's waits that takes about 3 s (1 s, then 2 s), installed about 0.03 s.
@@ -15,7 +15,7 @@ import pytest
 from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
-from clients.runtime import object_pulls
+from bridge.runtime import object_pulls
 from fedsketch.config import ConfigError, RunConfig
 
 

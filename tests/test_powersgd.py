@@ -18,7 +18,7 @@ from method_helpers import encode
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook
 from torch.nn import functional as F
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import powersgd

@@ -18,7 +18,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from test_client_state_exact import TINY, Payload, _drop, _round, _same, _without
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.client import state as client_state

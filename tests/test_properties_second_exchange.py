@@ -22,7 +22,7 @@ from test_client_state_exact import TINY, _drop, _round
 from test_properties_client_state import _participations
 
 from clients.client_app import ContextStates
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import sketched_sgd

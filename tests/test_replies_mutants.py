@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, Metric
 from flwr.app.message import make_message
 
 from bridge.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import PayloadSpec

@@ -1,6 +1,6 @@
 """The in-process simulation backend: Flower's engine runs the real ClientApp in its own process, no Ray.
 
-The unit tests drive :class:`clients.runtime.simulation_backend.InProcessBackend` as
+The unit tests drive :class:`bridge.runtime.simulation_backend.InProcessBackend` as
 Flower's engine does (``build``, then ``process_message`` from worker
 threads); the end-to-end test runs the same job through real ``flwr run`` with
 each backend and requires identical metrics, with Ray's processes seen only
@@ -25,11 +25,11 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
 from listening import ListeningWatch, off_loopback
 
-from clients.runtime import simulation_backend
-from clients.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
+from bridge.runtime import simulation_backend
+from bridge.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
 from experiments.flower.federation import default_backend
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 
 
 def _context(node_id: int = 1) -> Context:
@@ -129,7 +129,7 @@ PROBE = (
     ("module", "expected"),
     [
         ("clients.client_app", ["None", "None"]),
-        ("clients.runtime.inprocess_app", ["InProcessBackend", "clients.runtime.simulation_backend"]),
+        ("clients.inprocess_app", ["InProcessBackend", "bridge.runtime.simulation_backend"]),
     ],
 )
 def test_only_the_inprocess_app_installs_the_backend_on_import(module: str, expected: list[str]) -> None:

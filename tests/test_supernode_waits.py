@@ -1,4 +1,4 @@
-"""The SuperNode's waits: back off after a reply, Flower's 3 s when idle (clients/runtime/supernode_waits.py)."""
+"""The SuperNode's waits: back off after a reply, Flower's 3 s when idle (bridge/runtime/supernode_waits.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from clients.runtime import supernode_waits
-from clients.runtime.supernode_waits import Backoff, BackoffClock
+from bridge.runtime import supernode_waits
+from bridge.runtime.supernode_waits import Backoff, BackoffClock
 
 
 def _clock(backoff: Backoff) -> tuple[BackoffClock, list[float]]:

@@ -16,7 +16,7 @@ session of its own, out of reach of a process group). The commands
 (:mod:`experiments.deployment.deploy_commands`) are the ones :mod:`experiments.deployment.recipe`
 prints for real devices.
 
-Each SuperNode runs under :mod:`clients.runtime.launcher` (``isolation = "launcher"``):
+Each SuperNode runs under :mod:`bridge.runtime.launcher` (``isolation = "launcher"``):
 one process that has imported torch and Flower forks a child per message,
 instead of Flower's default of a fresh ``flwr-clientapp`` process per message
 (``isolation = "subprocess"``); ``experiments/bench/bench_device.py`` compares them.

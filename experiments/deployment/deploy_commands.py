@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clients.runtime.supernode_waits import check_choice
+from bridge.runtime.supernode_waits import check_choice
 from experiments.deployment.pki import ServerCertificates
 from fedsketch.config import RunConfig
 from fedsketch.settings.setting import ConfigError
@@ -117,7 +117,7 @@ def supernode_command(
 ) -> list[str]:
     """The command for one device; ``port`` is its local Runtime API (one per node on a host).
 
-    With ``isolation = "launcher"``: ``python -m clients.runtime.launcher --port PORT
+    With ``isolation = "launcher"``: ``python -m bridge.runtime.launcher --port PORT
     --supernode-waits WAITS -- flower-supernode ...`` (the launcher adds ``--isolation
     process`` and the port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
     """
@@ -127,7 +127,7 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(key)]
     cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
     if isolation == "launcher":
-        launcher = ["python", "-m", "clients.runtime.launcher", "--port", str(port), "--supernode-waits", waits]
+        launcher = ["python", "-m", "bridge.runtime.launcher", "--port", str(port), "--supernode-waits", waits]
         return [*launcher, "--", *cmd]
     return [*cmd, "--port", str(port)]
 

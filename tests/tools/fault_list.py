@@ -120,7 +120,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "pickup-waits-as-long-as-flowers",
-        "clients/runtime/simulation_backend.py",
+        "bridge/runtime/simulation_backend.py",
         "PICKUP_S_PER_NODE = 0.005",
         "PICKUP_S_PER_NODE = 0.05",
         "tests/test_simulation_backend.py",

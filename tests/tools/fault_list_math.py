@@ -159,7 +159,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "backend-shares-the-message",
-        "clients/runtime/simulation_backend.py",
+        "bridge/runtime/simulation_backend.py",
         "self.app(message=delivered(message), context=context)",
         "self.app(message=message, context=context)",
         "tests/test_simulation_backend.py",

@@ -5,7 +5,7 @@ connects to the SuperLink, retrying for as long as the SuperLink cannot be
 reached (``--max-retries``: no limit by default). Once the SuperLink has
 accepted it (with SuperNode authentication: its public key is registered and
 not already online) it logs ``SuperNode ID: N``. The launcher
-(:mod:`clients.runtime.launcher`) forks the SuperNode; :func:`report_joining` in that
+(:mod:`bridge.runtime.launcher`) forks the SuperNode; :func:`report_joining` in that
 fork writes the node id to a pipe when that line is logged, so that the
 launcher says it is ready only when the device can take part in rounds.
 

@@ -3,14 +3,14 @@
 ``fedsketch run`` with ``--backend inprocess`` (the default) stages the app with this module as its
 ClientApp component (:mod:`experiments.flower.one_process`, or staged by :func:`experiments.flower.app_files.stage_app`). Flower's simulation engine
 imports the ClientApp before it builds its backend; importing this module makes it build
-:class:`clients.runtime.simulation_backend.InProcessBackend` (:func:`~clients.runtime.simulation_backend.install`).
+:class:`bridge.runtime.simulation_backend.InProcessBackend` (:func:`~bridge.runtime.simulation_backend.install`).
 The app itself is :data:`clients.client_app.app`, unchanged.
 """
 
 from __future__ import annotations
 
+from bridge.runtime import simulation_backend
 from clients.client_app import app
-from clients.runtime import simulation_backend
 
 simulation_backend.install()
 

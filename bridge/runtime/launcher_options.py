@@ -1,7 +1,7 @@
 """The launcher's command line: its own options, and the SuperNode's command after ``--``.
 
-``python -m clients.runtime.launcher [--port 9094] [--poll-s 0.2] [--preload M,...] [--supernode-waits backoff]
--- flower-supernode ...`` (:mod:`clients.runtime.launcher`). The launcher owns the SuperNode's
+``python -m bridge.runtime.launcher [--port 9094] [--poll-s 0.2] [--preload M,...] [--supernode-waits backoff]
+-- flower-supernode ...`` (:mod:`bridge.runtime.launcher`). The launcher owns the SuperNode's
 ``--isolation``, ``--host`` and ``--port``: process isolation, and its Runtime API on 127.0.0.1 only.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.runtime.supernode_waits import check_choice
+from bridge.runtime.supernode_waits import check_choice
 
 # What fedsketch's ClientApp imports from outside the project: loaded once, shared by every child.
 DEFAULT_PRELOAD = (
@@ -68,7 +68,7 @@ def supernode_argv(supernode: Sequence[str], options: LauncherOptions) -> list[s
 def parse(argv: Sequence[str]) -> tuple[LauncherOptions, list[str]]:
     """The launcher's options and the SuperNode's command line; a bad one exits 2 with the usage and the reason."""
     parser = argparse.ArgumentParser(
-        prog="python -m clients.runtime.launcher",
+        prog="python -m bridge.runtime.launcher",
         description="Start a Flower SuperNode with a pre-warmed ClientApp launcher (one fork per task).",
         epilog="Everything after '--' is the SuperNode's command; the launcher adds --isolation process "
         "--host 127.0.0.1 --port PORT to it.",

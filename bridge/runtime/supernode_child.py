@@ -1,10 +1,10 @@
 """The launcher's SuperNode: a fork of the launcher, watched until it has joined the SuperLink, started again.
 
-The launcher (:mod:`clients.runtime.launcher`) forks Flower's ``flower-supernode`` entry point
-(:func:`clients.runtime.forked.run_supernode`) and learns through a pipe whether the SuperLink
-accepted it (:mod:`clients.runtime.joining`). While it waits it says so, and after
-:data:`clients.runtime.link_probe.ATTEMPTS` failed connection attempts it says what may be wrong
-(:func:`clients.runtime.link_probe.attempts_hint`: a plain-text device against a TLS SuperLink is
+The launcher (:mod:`bridge.runtime.launcher`) forks Flower's ``flower-supernode`` entry point
+(:func:`bridge.runtime.forked.run_supernode`) and learns through a pipe whether the SuperLink
+accepted it (:mod:`bridge.runtime.joining`). While it waits it says so, and after
+:data:`bridge.runtime.link_probe.ATTEMPTS` failed connection attempts it says what may be wrong
+(:func:`bridge.runtime.link_probe.attempts_hint`: a plain-text device against a TLS SuperLink is
 named). Once joined, a SuperNode that exits (Flower's exits with code 0 when a restarted SuperLink no
 longer knows it, and with 1 when it is refused) is started again by the launcher after
 :meth:`Restarts.next` seconds (2, 4, 8, ... up to a minute): a device keeps trying to rejoin for as
@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from clients.runtime.forked import run_supernode
-from clients.runtime.joining import Joining, superlink_of, wait_joined
-from clients.runtime.link_probe import ATTEMPTS, attempts_hint
+from bridge.runtime.forked import run_supernode
+from bridge.runtime.joining import Joining, superlink_of, wait_joined
+from bridge.runtime.link_probe import ATTEMPTS, attempts_hint
 
 JOIN_PATIENCE_S = 2.0  # after warming up: how long the SuperNode may take to join before we say we wait
 Fork = Callable[..., int]  # runs a function in a forked child, returns its pid (the launcher's ``_fork``)

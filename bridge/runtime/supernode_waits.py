@@ -11,7 +11,7 @@ the node sent a reply, the asks wait ``first``, then ``factor`` times the wait
 before, up to Flower's own 3 s, so an idle node asks as often as Flower's does. The
 0.5 s looks at the node's own state (no request to the SuperLink) wait 10 ms.
 Every other use of the clock is the real one. The launcher installs it in its
-SuperNode unless told ``--supernode-waits flower`` (:mod:`clients.runtime.launcher`);
+SuperNode unless told ``--supernode-waits flower`` (:mod:`bridge.runtime.launcher`);
 importing this module changes nothing.
 """
 

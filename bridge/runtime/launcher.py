@@ -25,20 +25,20 @@ with the launcher (a parent-death signal), so a killed launcher leaves no
 SuperNode that looks alive and never answers.
 
 It prints ``launcher ready`` once the SuperLink has accepted its SuperNode
-(:mod:`clients.runtime.supernode_child`), ``waiting for the SuperLink at ...`` while the
+(:mod:`bridge.runtime.supernode_child`), ``waiting for the SuperLink at ...`` while the
 SuperNode still retries, what may be wrong after a few failed attempts (a plain-text device
-against a TLS SuperLink is named: :mod:`clients.runtime.link_probe`), and, when the SuperNode
+against a TLS SuperLink is named: :mod:`bridge.runtime.link_probe`), and, when the SuperNode
 exits before that (a key the SuperLink refuses, one it cannot read), what its exit code most
 likely means; the launcher then exits with it, so a supervisor (systemd) restarts both. A
 SuperNode that exits once it had joined (its SuperLink restarted and no longer knows it, or
 refuses it for a while) is started again by the launcher, after a wait that doubles up to a
 minute. After a reply, its SuperNode soon asks for the next message
-(:mod:`clients.runtime.supernode_waits`) and it for the next task; a task that the
+(:mod:`bridge.runtime.supernode_waits`) and it for the next task; a task that the
 SuperNode left behind (a message of a run that ended) is ended when the next one comes.
 
 Usage (``docs/deployment.md``)::
 
-    python -m clients.runtime.launcher [--port 9094] [--poll-s 0.2] [--supernode-waits backoff] -- flower-supernode ...
+    python -m bridge.runtime.launcher [--port 9094] [--poll-s 0.2] [--supernode-waits backoff] -- flower-supernode ...
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from clients.runtime.forked import die_with_parent, limit_malloc_arenas, run_task
-from clients.runtime.joining import KEY_INVALID, Joining, exit_hint
-from clients.runtime.launcher_options import LauncherOptions, parse, supernode_argv
-from clients.runtime.supernode_child import Restarts, SuperNodeChild
-from clients.runtime.supernode_waits import Backoff
+from bridge.runtime.forked import die_with_parent, limit_malloc_arenas, run_task
+from bridge.runtime.joining import KEY_INVALID, Joining, exit_hint
+from bridge.runtime.launcher_options import LauncherOptions, parse, supernode_argv
+from bridge.runtime.supernode_child import Restarts, SuperNodeChild
+from bridge.runtime.supernode_waits import Backoff
 
 if TYPE_CHECKING:
     from flwr.supercore.runtime import RuntimeHttpClient

@@ -4,10 +4,10 @@ A ``flower-supernode --insecure`` (plain text) that dials a SuperLink serving TL
 handshake; the SuperLink closes the connection without a word, logs nothing, and the SuperNode
 retries for ever ("Connection attempt failed"), as it would for a SuperLink that is down (Flower 1.42).
 The other way round, a TLS device against a plain-text SuperLink, the handshake fails at once and the
-SuperNode gives up with the SSL error (``WRONG_VERSION_NUMBER``), which :func:`clients.runtime.joining.exit_hint`
+SuperNode gives up with the SSL error (``WRONG_VERSION_NUMBER``), which :func:`bridge.runtime.joining.exit_hint`
 turns into advice.
 
-After :data:`ATTEMPTS` failed attempts the launcher (:mod:`clients.runtime.launcher`) asks
+After :data:`ATTEMPTS` failed attempts the launcher (:mod:`bridge.runtime.launcher`) asks
 :func:`attempts_hint`: it opens one TLS handshake to the SuperLink's address (no certificate check: it
 only asks whether TLS answers) and names the mismatch when it finds one, else asks whether the
 SuperLink is running there and whether it uses TLS.

@@ -1,4 +1,4 @@
-"""What runs in the launcher's forks (:mod:`clients.runtime.launcher`): the SuperNode, and one ClientApp task each.
+"""What runs in the launcher's forks (:mod:`bridge.runtime.launcher`): the SuperNode, and one ClientApp task each.
 
 Each entry point ends in ``os._exit``: a fork never returns into the
 launcher's loop, and never runs the exit handlers it inherited. The task runs
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from clients.runtime import object_pulls, supernode_waits
-from clients.runtime.joining import report_joining
+from bridge.runtime import object_pulls, supernode_waits
+from bridge.runtime.joining import report_joining
 
 OBJECT_RETRY_S = 0.01
 """The SuperNode's first wait before asking again for a part of the server's message not yet at the SuperLink."""
@@ -30,9 +30,9 @@ OBJECT_RETRY_S = 0.01
 def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool = False) -> NoReturn:
     """In the forked child: Flower's ``flower-supernode`` entry point, on ``argv``.
 
-    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`clients.runtime.joining`);
-    with ``backoff``, the SuperNode asks for its next message soon after a reply (:mod:`clients.runtime.supernode_waits`)
-    and for a message's missing parts after :data:`OBJECT_RETRY_S` (:mod:`clients.runtime.object_pulls`).
+    With ``report_fd``, whether the SuperLink accepted the node is written there (:mod:`bridge.runtime.joining`);
+    with ``backoff``, the SuperNode asks for its next message soon after a reply (:mod:`bridge.runtime.supernode_waits`)
+    and for a message's missing parts after :data:`OBJECT_RETRY_S` (:mod:`bridge.runtime.object_pulls`).
     """
     _name_process("flower-supernode")
     code = 1

@@ -19,7 +19,7 @@ message, as it would over Ray or the network; bytes are still counted from
 the serialized records.
 
 :func:`install` puts it where ``start_vce`` looks. One module calls it,
-:mod:`clients.runtime.inprocess_app`, which ``fedsketch run --backend
+:mod:`clients.inprocess_app`, which ``fedsketch run --backend
 inprocess`` names as the run's ClientApp; Flower imports the ClientApp in
 ``start_vce`` before it builds the backend. Importing the ClientApp itself
 (:mod:`clients.client_app`: Ray, a multi-machine run, a deployed SuperNode,
@@ -171,7 +171,7 @@ def pick_up_sooner(vce_api: types.ModuleType) -> bool:
 
 def install() -> None:
     """Make Flower's simulation engine build an :class:`InProcessBackend` (only
-    :mod:`clients.runtime.inprocess_app` calls this).
+    :mod:`clients.inprocess_app` calls this).
 
     Flower's real Ray backend module, if imported already, gets the class
     swapped; otherwise a stand-in module answers the engine's import, and Ray is
@@ -180,7 +180,7 @@ def install() -> None:
     module = sys.modules.get(RAY_MODULE)
     if module is None:
         module = types.ModuleType(
-            RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see clients/runtime/simulation_backend.py)"
+            RAY_MODULE, "fedsketch's in-process backend in place of Ray's (see bridge/runtime/simulation_backend.py)"
         )
         sys.modules[RAY_MODULE] = module
     module.RayBackend = InProcessBackend  # type: ignore[attr-defined]  # ModuleType declares none
