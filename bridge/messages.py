@@ -128,7 +128,7 @@ def _array_bytes(blob: _Blob) -> int:
 
 def payload_bytes(payload: Mapping[str, np.ndarray]) -> int:
     """``wire_bytes(payload_to_record(payload))``, without copying the arrays into records: what a client
-    whose upload a node merged would have sent (docs/simulation.md)."""
+    whose upload a node merged would have sent (docs/simulation.md, "Merged uploads")."""
     blobs = []
     for arr in payload.values():
         arr = np.ascontiguousarray(arr)

@@ -7,7 +7,7 @@ first wait is ``first_s``, each further one ``factor`` times longer up to ``cap_
 schedule starts again from ``first_s`` after a pull that brought replies. One pull asks for every
 missing reply at once, whatever the number of nodes, so the cap grows with the replies still
 missing: a running round costs the SuperLink at most ``1 / cap_s`` pulls and ``ids_per_s`` named
-replies a second while no reply arrives (docs/deployment.md has the figures).
+replies a second while no reply arrives (docs/deployed-rounds.md has the figures).
 Flower's simulation grid keeps its own fixed ``pull_interval`` (``reply-poll-s``).
 """
 

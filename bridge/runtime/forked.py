@@ -89,7 +89,7 @@ def run_task(token: str, runtime_address: str) -> NoReturn:
 def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
     """Flower's ``install_from_fab``, skipped for a FAB (same SHA-256) that an earlier task installed.
 
-    Flower extracts and verifies the run's FAB on every message (timed in docs/deployment.md);
+    Flower extracts and verifies the run's FAB on every message (timed in docs/deployed-rounds.md);
     the installed folder's path is kept in ``$FLWR_HOME/launcher/<sha256>``.
     """
     from flwr.supercore.utils import get_flwr_home

@@ -3,7 +3,7 @@
 The client of FetchSGD (Rothchild et al., ICML 2020) does milliseconds of work a
 round: one gradient and one Count Sketch. Flower's SuperNode (1.41, 1.42), in its default
 ``--isolation subprocess``, starts a fresh ``flwr-clientapp`` process for every message, which
-imports torch and Flower again (most of a round's seconds and memory: docs/deployment.md).
+imports torch and Flower again (most of a round's seconds and memory: docs/deployed-rounds.md).
 
 Started with ``--isolation process``, the SuperNode leaves that launching to a
 process of the operator's choice that asks its Runtime API for work
@@ -36,7 +36,7 @@ minute. After a reply, its SuperNode soon asks for the next message
 (:mod:`bridge.runtime.supernode_waits`) and it for the next task; a task that the
 SuperNode left behind (a message of a run that ended) is ended when the next one comes.
 
-Usage (``docs/deployment.md``)::
+Usage (``docs/deployed-rounds.md``, "A device's cost per round")::
 
     python -m bridge.runtime.launcher [--port 9094] [--poll-s 0.2] [--supernode-waits backoff] -- flower-supernode ...
 """

@@ -8,8 +8,8 @@ an object not there yet is asked for again after 1 s, then 2, 4 and up to 10 s.
 A deployed ServerApp that pulls while a device is still uploading its reply
 therefore ends its round about a second late, and the sooner it pulls
 (:mod:`strategies.waiting`) the more often that happens: on loopback with one
-SuperNode, three rounds in nine (docs/deployment.md, "Where else a deployed
-round waits").
+SuperNode, three rounds in nine (docs/deployed-rounds.md, "A reply pulled before
+all of it has arrived").
 
 :func:`install` gives one Flower module (the deployed grid's, or the
 SuperNode's) the same function with a shorter first retry, doubling up to

@@ -4,7 +4,7 @@ Flower's SuperNode (``flwr/supernode/start_client_internal.py``, 1.41 and 1.42) 
 the SuperLink for a message; after an ask that finds none it sleeps 3 s, and it
 looks for its ClientApp's reply every 0.5 s. It asks right after sending a reply,
 before the server can have stepped and pushed the next round, so every round with
-one SuperNode waited about 3 s on top of the device's time (docs/deployment.md).
+one SuperNode waited about 3 s on top of the device's time (docs/deployed-rounds.md).
 
 :func:`install` gives that module a clock whose ``sleep`` backs off instead: after
 the node sent a reply, the asks wait ``first``, then ``factor`` times the wait

@@ -7,7 +7,7 @@ client's upload with the same checks (:func:`check_upload`), clips it as the ser
 (``clip-norm``, :func:`clip_payload`), and sends one example-weighted mean (:func:`merge`) beside each
 client's metrics and billed bytes. The server's mean of the nodes' means, weighted by their example
 counts, is the mean of the clients' uploads (FetchSGD's tables are linear, Rothchild et al., ICML 2020),
-up to the order of float additions; what it saves: docs/simulation.md.
+up to the order of float additions; what it saves: docs/simulation.md, "Merged uploads" and "On one H200".
 """
 
 from __future__ import annotations
