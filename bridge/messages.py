@@ -128,7 +128,7 @@ def _array_bytes(blob: _Blob) -> int:
 
 def payload_bytes(payload: Mapping[str, np.ndarray]) -> int:
     """``wire_bytes(payload_to_record(payload))``, without copying the arrays into records: what a client
-    whose upload a node merged would have sent (docs/simulation.md)."""
+    whose upload a node merged would have sent (docs/simulation.md, "Merged uploads")."""
     blobs = []
     for arr in payload.values():
         arr = np.ascontiguousarray(arr)
@@ -355,6 +355,8 @@ def add_failure(content: RecordDict, cid: int, reason: str) -> None:
     content[wire.failure_key(cid)] = failure_record(reason or "unknown error")
 
 
-def add_rejection(content: RecordDict, cid: int, reason: str, billed: int) -> None:
-    """In a merged reply: why the node's checks refused logical client ``cid``'s upload, and what it sent."""
-    content[wire.rejected_key(cid)] = ConfigRecord({wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed})
+def add_rejection(content: RecordDict, cid: int, reason: str, billed: int, kind: str = "rejected") -> None:
+    """In a merged reply: why the node refused logical client ``cid``'s upload (``kind``: ``rejected`` by the
+    checks, ``bounded`` by the norm bound), and what it sent."""
+    record = {wire.REASON: reason[:1000], wire.UPLOAD_BYTES: billed, wire.KIND: kind}
+    content[wire.rejected_key(cid)] = ConfigRecord(record)

@@ -20,7 +20,7 @@ from flwr.app import MetricRecord, RecordDict
 from bridge import messages
 from fedsketch import wire
 from fedsketch.client.cohort import ClientOutcome
-from fedsketch.client.uploads import check_upload, clip_payload, merge
+from fedsketch.client.uploads import check_upload, clip_payload, merge, set_aside
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.server.privacy import clip_factor
@@ -34,24 +34,31 @@ def merged_reply(
     method = get_method(cfg.strategy)
     spec = method.wire.layout(cfg, d, server_round)
     assert isinstance(spec, dict)  # mergeable(cfg) holds: a fixed layout
-    accepted, weights, clipped = [], [], 0
+    checked, sent = [], {}
     for out in outcomes:
         if out.payload is None:
             messages.add_failure(content, out.cid, out.error or "")
             continue
-        billed = messages.payload_bytes(out.payload)
         metrics = messages.client_metrics(out.num_examples, out.loss, out.compute_s, echo)
+        sent[out.cid] = (metrics, messages.payload_bytes(out.payload))
         try:
             check_upload(out.payload, spec)
         except ValueError as exc:  # sent, so billed: its upload and metrics records
-            messages.add_rejection(content, out.cid, str(exc), billed + messages.wire_bytes(metrics))
+            messages.add_rejection(content, out.cid, str(exc), sum(_billed(*sent[out.cid])))
             continue
-        payload, factor = out.payload, _clip(cfg, out, d)
+        checked.append(ClientUpdate(out.cid, out.payload, out.num_examples, out.loss, 0))
+    kept, aside = set_aside(cfg, d, checked, "its cohort's")
+    for cid, why in aside.items():
+        messages.add_rejection(content, cid, why, sum(_billed(*sent[cid])), kind="bounded")
+    accepted, weights, clipped = [], [], 0
+    for u in kept:
+        payload, factor = u.payload, _clip(cfg, u, d)
         if factor < 1.0:
             payload, clipped = clip_payload(payload, factor), clipped + 1
-        content[wire.metrics_key(out.cid)] = MetricRecord({**metrics, wire.UPLOAD_BYTES: billed})
+        metrics, billed = sent[u.cid]
+        content[wire.metrics_key(u.cid)] = MetricRecord({**metrics, wire.UPLOAD_BYTES: billed})
         accepted.append(payload)
-        weights.append(out.num_examples)
+        weights.append(u.num_examples)
     if accepted:
         content[wire.MERGED_KEY] = messages.payload_to_record(
             merge(accepted, weights, spec, resolve_device(cfg.device))
@@ -59,10 +66,14 @@ def merged_reply(
         content[wire.MERGED_METRICS] = MetricRecord({wire.NUM_EXAMPLES: sum(weights), wire.CLIPPED: clipped})
 
 
-def _clip(cfg: RunConfig, out: ClientOutcome, d: int) -> float:
+def _billed(metrics: MetricRecord, upload: int) -> tuple[int, int]:
+    """What a client whose upload the node refused sent: its upload's and its metrics record's bytes."""
+    return upload, messages.wire_bytes(metrics)
+
+
+def _clip(cfg: RunConfig, update: ClientUpdate, d: int) -> float:
     """``clip-norm``'s factor for this upload, by the norm the server would use (1.0: none)."""
     norm_of = get_method(cfg.strategy).privacy.norm
     if cfg.clip_norm <= 0 or norm_of is None:
         return 1.0
-    update = ClientUpdate(out.cid, out.payload or {}, out.num_examples, out.loss, 0)
     return clip_factor(norm_of(update, cfg, d), cfg.clip_norm)

@@ -13,13 +13,10 @@ estimate for FetchSGD) before summing them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType
-from flwr.client.mod import secaggplus_mod
-from flwr.clientapp.typing import ClientAppCallable
-from flwr.common import Code, FitRes, Scalar, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.compat.common import recorddict_compat as compat
 
 from bridge.messages import records_of, typed_record
 from fedsketch import wire
@@ -32,12 +29,16 @@ from fedsketch.server.privacy import clip_factor
 FITINS_CONFIG, FITINS_PARAMETERS = "fitins.config", "fitins.parameters"
 
 
-def secure_aggregation_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Messages of the SecAgg+ protocol go through Flower's mod; all others straight to the app."""
-    secagg = typed_record(msg.content, RECORD_KEY_CONFIGS, ConfigRecord)  # every message passes here: one lookup
-    if msg.metadata.message_type == MessageType.TRAIN and secagg is not None:
-        return secaggplus_mod(msg, context, call_next)
-    return call_next(msg, context)
+def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Messages of the SecAgg+ protocol go through Flower's mod (runs with ``secure-aggregation`` only); all
+    others straight to the app."""
+    if msg.metadata.message_type != MessageType.TRAIN or not context.run_config.get("secure-aggregation"):
+        return call_next(msg, context)
+    from bridge import legacy
+
+    if typed_record(msg.content, legacy.RECORD_KEY_CONFIGS, ConfigRecord) is None:  # one lookup a message
+        return call_next(msg, context)
+    return legacy.secaggplus_mod(msg, context, call_next)
 
 
 def is_secure(msg: Message) -> bool:
@@ -54,6 +55,8 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
         If none of the node's clients produced an update (the node then drops
         out of the round, which SecAgg+ tolerates down to its threshold).
     """
+    from bridge.legacy import Code, FitRes, Status, compat, ndarrays_to_parameters, parameters_to_ndarrays
+
     found = records_of(msg.content)
     config, record = found.configs[FITINS_CONFIG], found.arrays[FITINS_PARAMETERS]
     weights = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))[0]
@@ -70,7 +73,7 @@ def secure_train(msg: Message, context: Context, cfg: RunConfig) -> Message:
     examples = [out.num_examples for out in done]
     mean = [weighted_mean([c[name] for c in clipped], examples).numpy() for name in names]
     losses = [out.loss for out in done if out.loss == out.loss]
-    metrics: dict[str, Scalar] = {
+    metrics: dict[str, bool | bytes | float | int | str] = {
         "clients": len(done),
         "failed": len(outcomes) - len(done),
         "loss": float(np.mean(losses)) if losses else float("nan"),

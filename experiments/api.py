@@ -59,6 +59,7 @@ def run(
     runtime: str = "process",
     supernodes: int = 2,
     plot: bool = False,
+    restart: bool = False,
     **settings: Any,
 ) -> list[dict[str, Any]]:
     """Run an experiment file (default: the embedded default job) and return every run's metrics rows.
@@ -73,21 +74,23 @@ def run(
         or a pair of ``torch.utils.data.Dataset``) as docs/data.md describes.
     strategies, seeds
         Override the experiment's ``[compare]`` table.
-    out, backend, runtime, supernodes, plot
-        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes`` and (negated) ``--no-plot``;
-        unlike the command, no plots or report unless ``plot=True``.
+    out, backend, runtime, supernodes, plot, restart
+        As ``fedsketch run``'s ``--out``, ``--backend``, ``--runtime``, ``--supernodes``, (negated) ``--no-plot`` and
+        ``--restart``; unlike the command, no plots or report unless ``plot=True``.
     settings
         Run settings, ``num_rounds=20`` for ``num-rounds = 20``.
 
     Raises
     ------
     ConfigError
-        A setting, the data or the model is refused (nothing was started).
+        A setting, the data or the model is refused, or a run's checkpoint is of other settings (nothing was
+        started).
     RunFailed
         A run stopped before its last round (its reason is in its ``flower.log``).
     """
     out = Path(out).resolve()
     experiment = prepare(config, _overrides(model, data, settings, out), out, seeds, strategies)
+    runner.check_resumes(experiment.runs, restart)
     fed = federation(supernodes, None, backend, runtime)
     check_placement(experiment, fed)
     code = execute(experiment, fed, plot)
@@ -184,11 +187,12 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         raise ConfigError(f"supernodes must be at least 1; got {supernodes}")
     import torch
 
-    from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node
+    from bridge import flower
+    from experiments.flower.federation import cpus_per_node, default_backend, gpus_per_node, on_public_flower
 
     try:
         share = gpus_per_node(supernodes, gpus, torch.cuda.device_count())
-        return Federation(
+        fed = Federation(
             num_supernodes=supernodes,
             cpus_per_client=cpus_per_node(supernodes),
             gpus_per_client=share,
@@ -197,6 +201,12 @@ def federation(supernodes: int, gpus: float | None, backend: str | None = None, 
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if not flower.internals():
+        print(
+            f"fedsketch: on Flower's public API only ({flower.public_only_reason()}): each run goes through "
+            "flwr run and a SuperLink, on Flower's Ray backend, with Flower's own waits"
+        )
+    return on_public_flower(fed)
 
 
 def check_placement(experiment: Experiment, fed: Federation) -> None:

@@ -1,10 +1,10 @@
 """The ``fedsketch`` command.
 
-    fedsketch run [CONFIG] [--set key=value]... [--seeds N] [--strategies a,b] [--no-plan]
+    fedsketch run [CONFIG] [--set key=value]... [--seeds N] [--strategies a,b] [--no-plan] [--restart]
     fedsketch plan [CONFIG] [--set key=value]... [--seeds N] [--strategies a,b] [--supernodes N]
     fedsketch plot RUN_DIR
     fedsketch report RUN_DIR [--target ACC ...]
-    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v]...
+    fedsketch deploy [CONFIG] [--supernodes N] [--tls] [--auth] [--isolation launcher|subprocess] [--set k=v]... [--restart]
     fedsketch deploy --kit DIR --server HOST [--supernodes N] [--port P]
 
 ``run`` with no CONFIG runs the embedded default (experiments/configs/default.toml):
@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         "does) (default: process)",
     )
     run.add_argument("--no-plot", action="store_true", help="do not draw plots or write the report at the end")
+    _add_restart(run)
     run.add_argument(
         "--no-plan",
         action="store_true",
@@ -108,6 +110,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_restart(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="delete the checkpoint of a run whose settings changed and start it over (without it such a run is "
+        "refused; a checkpoint with the same settings, timeouts and eval-every aside, is always resumed)",
+    )
+
+
 def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: int) -> None:
     """What ``run`` and ``deploy`` both take: the experiment file, overrides, seeds, strategies, results folder."""
     parser.add_argument("config", nargs="?", type=Path, help="experiment TOML file (default: the embedded default)")
@@ -126,22 +137,26 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
+    from bridge import flower
     from experiments import api
     from experiments.flower import spare
     from experiments.running import command_plan, forecast, runner
 
     try:
-        if args.as_program:  # the first run's simulation process, importing while this one checks (flower/spare.py)
+        if args.as_program and flower.internals():  # the first run's simulation process, importing meanwhile
             command_plan.start_spare(args.backend, args.runtime)
         strategies = args.strategies.split(",") if args.strategies else None
         overrides = runner.parse_overrides(args.overrides)
         experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+        _check_resumes(experiment.runs, args.restart)
         federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
         api.check_placement(experiment, federation)
         validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
         todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
-        if todo and not args.no_plan:  # one in-process round per run: what each will send, to the byte
+        if todo and not args.no_plan and flower.internals():  # one in-process round per run: each one's bytes
             print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
+        elif todo and not args.no_plan:
+            print(f"fedsketch: no byte plan: {PLAN_NEEDS} ({flower.public_only_reason()})", flush=True)
         if args.as_program:
             command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
         return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
@@ -149,11 +164,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         spare.release()
 
 
+def _check_resumes(runs: Sequence[RunSpec], restart: bool) -> None:
+    """Refuse (or with ``--restart`` delete and say so) the checkpoints of runs whose settings changed."""
+    from experiments.running import runner
+    from fedsketch.server import runlog
+
+    for cfg in runner.check_resumes(runs, restart):
+        print(f"fedsketch: deleted {runlog.run_dir(cfg)} (--restart): its checkpoint was of other settings")
+
+
+PLAN_NEEDS = "the byte plan runs a round in this process, which needs Flower internals (bridge/flower.py)"
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Validate every run as ``run`` does; print what each will send (running/forecast.py); start no Flower."""
+    from bridge import flower
     from experiments import api
     from experiments.running import forecast, runner
 
+    if not flower.internals():
+        print(f"fedsketch: error: {PLAN_NEEDS}, and runs on Flower's public API only: {flower.public_only_reason()}")
+        return 2
     strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     out = args.out.resolve()
@@ -219,6 +250,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "subprocess: Flower's default, a fresh ClientApp process per message",
     )
     dep.add_argument("--no-plot", action="store_true", help="do not draw plots at the end")
+    _add_restart(dep)
     dep.add_argument("--kit", type=Path, metavar="DIR", help="write a deployment kit for real devices into DIR")
     dep.add_argument("--server", metavar="HOST", help="with --kit: the server's address as devices reach it")
     dep.add_argument("--port", type=int, default=8000, help="with --kit: the SuperLink's port (default: 8000)")
@@ -226,6 +258,7 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
+    from bridge import flower
     from experiments import api
     from experiments.analysis import tracking
     from experiments.deployment import deploy
@@ -253,15 +286,24 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             tracking.refuse_in_kit(runs)
             print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
             return 0
-        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=args.isolation)
+        isolation = args.isolation if flower.internals() else "subprocess"  # the launcher reaches Flower's internals
+        if isolation != args.isolation:
+            print(f"fedsketch: SuperNodes run Flower's own isolation, not the launcher ({flower.public_only_reason()})")
+        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=isolation)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    settings = deploy.node_settings(args.supernodes)
-    overrides = {**settings, **runner.parse_overrides(args.overrides)}
+    settings, given = deploy.node_settings(args.supernodes), runner.parse_overrides(args.overrides)
+    overrides = {**settings, **given}
     strategies = args.strategies.split(",") if args.strategies else None
     experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    print("deployment settings: " + " ".join(f"{k}={overrides[k]}" for k in settings) + " (change with --set)")
-    exp_dir = runlog.experiment_dir(experiment.runs[0])
+    runs = experiment.runs if "checkpoint-every" in given else deploy.checkpointed(experiment.runs)
+    _check_resumes(runs, args.restart)
+    shown = " ".join(f"{k}={overrides[k]}" for k in settings)
+    saves = sorted({cfg.strategy for cfg in runs if cfg.checkpoint_every and "checkpoint-every" not in given})
+    if saves:
+        shown += f" checkpoint-every={deploy.CHECKPOINT_EVERY} ({', '.join(saves)})"
+    print(f"deployment settings: {shown} (change with --set)")
+    exp_dir = runlog.experiment_dir(runs[0])
     with stopping.Invocation("deploy") as invocation:
         print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
         with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
@@ -283,7 +325,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                         print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
                     raise
 
-            results = runner.run_all(experiment.runs, execute)
+            results = runner.run_all(runs, execute)
     return conclude(results, invocation, exp_dir, plot=not args.no_plot)
 
 

@@ -106,6 +106,7 @@ class RunConfig:
     object_retry_s: float = _s("object-retry-s")
     min_replies: int = _s("min-replies")
     # --- robustness and privacy (docs/trust.md)
+    norm_bound: float = _s("norm-bound")
     clip_norm: float = _s("clip-norm")
     dp_noise_multiplier: float = _s("dp-noise-multiplier")
     dp_delta: float = _s("dp-delta")

@@ -69,6 +69,7 @@ NON_NEGATIVE = (
     "download_k",
     "client_batching",
     "clip_norm",
+    "norm_bound",
     "dp_noise_multiplier",
     "checkpoint_every",
     "num_classes",

@@ -69,6 +69,7 @@ MERGED_KEY = "merged"
 MERGED_METRICS = "merged-metrics"
 UPLOAD_BYTES = "upload-bytes"  # in a merged reply: what the client's own upload record would have serialized to
 CLIPPED = "clipped"
+KIND = "kind"  # in a ``rejected.<cid>`` record: "bounded" where the norm bound set the upload aside
 
 _UPDATE = "update."
 _METRICS = "metrics."

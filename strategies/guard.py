@@ -1,4 +1,9 @@
-"""What one client can do to the model: clipping, and client-level DP on the sum.
+"""What one client can do to the model: the norm bound, clipping, and client-level DP on the sum.
+
+The norm bound (``norm-bound``, on by default) sets aside any upload whose norm is more than that many times
+the median of the round's uploads: one client that sends its update scaled by 10^6 no longer wrecks the
+model (docs/trust.md). It needs no scale of its own, and an honest round seldom reaches it (docs/trust.md
+gives how often on the default job).
 
 Both act on validated :class:`~fedsketch.methods.ClientUpdate` values before a
 method's ``step`` sees them, so the methods stay unaware of them.

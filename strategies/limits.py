@@ -74,7 +74,7 @@ def quiet_read_only_views() -> None:
     """Silence torch's one-time warning, when a read-only array becomes a tensor, that the tensor could write it.
 
     Decoded payloads are read-only views of the bytes that came in (:func:`checked_array`; the view saves a
-    copy of every upload, docs/simulation.md, "The paper's CIFAR-10 shape"); the server reads them and never
+    copy of every upload, docs/measurements/2026-11-26-h200-catch-up-billing.md); the server reads them and never
     writes them (screening makes new arrays), so the warning says nothing there. The ServerApp calls this
     once as it starts (tests: pyproject.toml's ``filterwarnings``).
     """

@@ -14,16 +14,17 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import INFO, WARNING, getLogger
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class RoundPlan:
     sent: dict[int, list[int]]  # node -> its logical clients ([]: the node's own client, deployment)
     config: dict[str, Any]  # what every message of the round carries besides the clients (lr included)
     echo: dict[str, Any]  # what every reply must repeat (the method's round settings)
+    missing: int = 0  # the federation's nodes not connected when the round was sampled (:func:`missing_nodes`)
 
     def node_config(self, clients: list[int], applied: Mapping[int, int] | None) -> dict[str, Any]:
         """The config of a message to ``clients``; where clients keep state (``applied``: the last round each
@@ -57,13 +59,19 @@ class RoundPlan:
 
 
 def assign(
-    cfg: RunConfig, server_round: int, grid: Grid, homes: Mapping[int, int], stateful: bool
+    cfg: RunConfig,
+    server_round: int,
+    grid: Grid,
+    homes: Mapping[int, int],
+    stateful: bool,
+    nodes: list[int] | None = None,
 ) -> tuple[dict[int, list[int]], Mapping[int, int]]:
-    """Wait for the nodes, sample this round's clients and assign them to nodes (node -> clients).
+    """Wait for the nodes (unless given the connected ``nodes``), sample this round's clients and assign them to
+    nodes (node -> clients).
 
     Also returns where stateful clients' state is kept now (``homes`` as it was for other methods).
     """
-    nodes = wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
+    nodes = nodes if nodes is not None else wait_for_nodes(grid, cfg.min_nodes, cfg.round_timeout)
     if cfg.client_assignment == "node":  # one client per node, whose data is the node's own
         rng = np.random.default_rng([cfg.seed, server_round])
         # Sample positions, not ids: node ids are uint64 and a numpy array of
@@ -77,6 +85,24 @@ def assign(
     if lost:
         log(WARNING, "round %d: clients %s lost their node and start without state", server_round, lost)
     return sent, new_homes
+
+
+def missing_nodes(cfg: RunConfig, connected: int, server_round: int) -> int:
+    """How many of a deployment's nodes are not connected (one client per node: ``num-clients`` nodes); 0 in
+    simulation, whose nodes are not clients. A round goes on with ``min-nodes`` of them (a quorum, deployed);
+    the missing are counted in ``rounds.jsonl`` and named in the log."""
+    if cfg.client_assignment != "node" or connected >= cfg.num_clients:
+        return 0
+    missing = cfg.num_clients - connected
+    log(
+        WARNING,
+        "round %d: %d of the %d nodes missing; going on with %d",
+        server_round,
+        missing,
+        cfg.num_clients,
+        connected,
+    )
+    return missing
 
 
 def wait_for_nodes(grid: Grid, needed: int, timeout: float, poll_s: float = 0.5) -> list[int]:

@@ -2,8 +2,9 @@
 
 Every client that was asked and did not contribute counts once, by kind
 (:class:`strategies.replies.RoundReplies`); bytes are counted from what the
-replies carried. ``rounds.jsonl`` holds one line per round: who was sampled and
-answered, who failed and how, whether the update was applied and why not.
+replies carried. ``rounds.jsonl`` holds one line per round: which of a deployment's nodes were
+missing, who was sampled and answered, who failed and how, whether the update
+was applied and why not.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ FAILURE_KINDS = (
     ("timeouts", "timeouts"),
     ("client_errors", "errors"),
     ("rejected", "rejected"),
+    ("bounded", "bounded"),
 )
 """Each books counter of clients that did not contribute, and the :class:`RoundReplies` field it counts."""
 
@@ -41,16 +43,19 @@ def round_counts(got: RoundReplies, dense_bytes: int) -> Counts:
 
 
 def round_line(
-    server_round: int, sampled: int, got: RoundReplies, skipped: str | None, contributors: int
+    server_round: int, sampled: int, got: RoundReplies, skipped: str | None, contributors: int, missing: int = 0
 ) -> dict[str, Any]:
-    """The round's line in ``rounds.jsonl`` (``unix_time``: when the round ended, before any evaluation)."""
+    """The round's line in ``rounds.jsonl`` (``unix_time``: when the round ended, before any evaluation;
+    ``missing_nodes``: a deployment's nodes not connected when the round was sampled)."""
     row: dict[str, Any] = {
         "round": server_round,
+        "missing_nodes": missing,
         "sampled": sampled,
         "clients": contributors,
         "timeouts": got.timeouts,
         "client_errors": got.errors,
         "rejected": got.rejected,
+        "bounded": got.bounded,
         "applied": skipped is None,
         "reason": skipped or "",
         "unix_time": round(time.time(), 3),

@@ -20,11 +20,10 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import WARNING, getLogger
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from bridge.messages import Records, records_of, wire_bytes
@@ -33,6 +32,17 @@ from fedsketch.client.uploads import check_layout, check_values
 from fedsketch.methods import ClientUpdate, PayloadCheck, PayloadSpec
 from strategies import waiting
 from strategies.limits import ReplyLimits, checked_payload, decode_all, spec_bytes
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
+
+COUNTED_AS = {
+    "timeouts": "timed out",
+    "errors": "counted as a client error",
+    "rejected": "rejected",
+    "bounded": "set aside by the norm bound",
+}
+"""How ``flower.log`` names each kind of failure: as the round's counts do (``timeouts``, ``client_errors``,
+``rejected``, ``bounded``)."""
 
 
 @dataclass
@@ -51,11 +61,13 @@ class RoundReplies:
     members: list[ClientUpdate] = field(default_factory=list)  # their clients, each counted (no payload)
     clipped: int = 0  # uploads the nodes that merged them scaled down to ``clip-norm``
     failures: dict[int, str] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)  # the kind each client of ``failures`` counts as
     upload_bytes: int = 0
     diagnostic_bytes: int = 0  # not communication: what clients handed over for diagnostics only
     timeouts: int = 0
     errors: int = 0
     rejected: int = 0
+    bounded: int = 0  # uploads set aside for a norm beyond norm-bound x the round's median (strategies/guard.py)
 
     def contributors(self) -> list[ClientUpdate]:
         """Every client whose upload counts this round, by client id: unmerged ones and merged ones' members."""
@@ -64,13 +76,13 @@ class RoundReplies:
     @property
     def failed(self) -> int:
         """Clients that were asked and did not contribute."""
-        return self.timeouts + self.errors + self.rejected
+        return self.timeouts + self.errors + self.rejected + self.bounded
 
     def fail(self, cid: int | None, kind: str, reason: str) -> None:
-        """Record one client's failure of ``kind`` (``timeouts``, ``errors`` or ``rejected``)."""
+        """Record one client's failure of ``kind`` (``timeouts``, ``errors``, ``rejected`` or ``bounded``)."""
         setattr(self, kind, getattr(self, kind) + 1)
         if cid is not None:
-            self.failures[cid] = reason[:300]
+            self.failures[cid], self.kinds[cid] = reason[:300], kind
 
 
 def exchange(grid: Grid, requests: list[Message], timeout: float) -> tuple[list[Message], dict[str, int]]:
@@ -144,7 +156,7 @@ def collect(
             for cid in _each_client(cids):
                 out.fail(cid, "timeouts", f"node {node} did not reply in time")
     for cid, reason in out.failures.items():
-        log(WARNING, "client %d rejected: %s", cid, reason)
+        log(WARNING, "client %d %s: %s", cid, COUNTED_AS[out.kinds[cid]], reason)
     out.updates.sort(key=lambda u: u.cid)
     out.merged.sort(key=lambda u: u.cid)
     return out
@@ -232,11 +244,14 @@ def _collect_merged(
         refused = found.configs.get(wire.rejected_key(cid))
         if refused is not None and limits.merged:  # the node's checks refused the upload it sent
             out.upload_bytes += _billed(refused.get(wire.UPLOAD_BYTES), 4 * limits.max_bytes) or 0
-            out.fail(cid, "rejected", str(refused.get(wire.REASON, "unknown")))
+            kind = "bounded" if refused.get(wire.KIND) == "bounded" else "rejected"
+            out.fail(cid, kind, str(refused.get(wire.REASON, "unknown")))
             continue
         metrics = found.metrics.get(wire.metrics_key(cid))
         if metrics is None or not limits.merged:
-            out.fail(cid, "rejected", "reply has no metrics for this client" if limits.merged else "merged reply refused")
+            out.fail(
+                cid, "rejected", "reply has no metrics for this client" if limits.merged else "merged reply refused"
+            )
             continue
         own = MetricRecord({k: v for k, v in metrics.items() if k != wire.UPLOAD_BYTES})
         billed = _billed(metrics.get(wire.UPLOAD_BYTES), 2 * limits.max_bytes)

@@ -6,23 +6,25 @@ books and the DP noise's generator state), with the global generators and how
 far the logs had got. The file format and its checks live in
 :mod:`fedsketch.server.checkpoint`. The strategy hands its value over and takes back a
 :class:`Resumed`; this module never sees the strategy. Resuming is all or nothing: every piece is read and
-checked before the first one is assigned. Methods whose clients keep state
-cannot checkpoint (the config check refuses them).
+checked before the first one is assigned. A checkpoint in the run's folder is
+resumed even when ``checkpoint-every`` is now 0, and refused, never deleted, when the
+run's settings differ beyond those a resume may change (:mod:`fedsketch.server.resumable`).
+Methods whose clients keep state cannot checkpoint (the config check refuses them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import INFO, getLogger
 from pathlib import Path
 from typing import Any
-
-from flwr.common.logger import log
 
 from fedsketch.config import RunConfig
 from fedsketch.server import checkpoint, runlog
 from fedsketch.server.checkpoint import Checkpoint, CheckpointError
 from strategies.values import ServerValues
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def restore(cfg: RunConfig, out_dir: Path | None, current: ServerValues) -> Resu
     """
     if out_dir is None:
         return Resumed()
-    ckpt = checkpoint.load(out_dir, cfg) if cfg.checkpoint_every else None
+    ckpt = checkpoint.load(out_dir, cfg)  # even with checkpoint-every now 0: never throw an earlier run's work away
     if ckpt is None:  # a fresh start: no rows from an earlier attempt or run (e.g. the same `flwr run` again)
         checkpoint.rewind_logs(out_dir, {})
         return Resumed()
@@ -82,5 +84,6 @@ def restore(cfg: RunConfig, out_dir: Path | None, current: ServerValues) -> Resu
     checkpoint.rewind_logs(out_dir, ckpt.logs)
     checkpoint.restore_rng(ckpt.rng)
     values = ServerValues(ckpt.weights.to(current.weights.device), state, books, ckpt.noise, ckpt.round)
-    log(INFO, "resumed after round %d from %s", ckpt.round, out_dir / checkpoint.FILE)
+    log(INFO, "resuming after round %d from %s", ckpt.round, out_dir / checkpoint.FILE)
+    runlog.mark_resumed(out_dir, ckpt.round)  # the command that started the run says so on its console
     return Resumed(ckpt.round + 1, ckpt.elapsed, values, runlog.read_metrics(out_dir))

@@ -37,19 +37,26 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
-from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.compat.legacy_context import LegacyContext
-from flwr.server.strategy import Strategy as LegacyStrategy
-from flwr.server.workflow import SecAggPlusWorkflow
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 
+from bridge.legacy import (
+    MAIN_CONFIGS_RECORD,
+    MAIN_PARAMS_RECORD,
+    ClientManager,
+    ClientProxy,
+    FitIns,
+    FitRes,
+    GridClientProxy,
+    LegacyContext,
+    LegacyStrategy,
+    NodeInfo,
+    Parameters,
+    Run,
+    SecAggPlusWorkflow,
+    WorkflowKey,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from bridge.messages import wire_bytes
 from fedsketch import wire
 from fedsketch.methods import ClientUpdate

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, getLogger
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid import InMemoryGrid
 
-from clients.runtime import object_pulls
+from bridge import flower
+from bridge.runtime import object_pulls
 from fedsketch.client.state import clear_states
 from fedsketch.config import RunConfig, check_against_model
 from fedsketch.data.run import load_data
@@ -19,6 +18,8 @@ from fedsketch.server import runlog
 from fedsketch.task import make_model
 from strategies.limits import quiet_read_only_views
 from strategies.strategy import FedSketchStrategy
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
 
 
 def build_strategy(cfg: RunConfig, out_dir: Path | None) -> FedSketchStrategy:
@@ -45,14 +46,14 @@ def poll_replies_sooner(grid: Grid, interval_s: float) -> None:
     last reply arrived (docs/simulation.md). A pull is a lookup in the in-process link state,
     so polling sooner costs next to nothing. Deployment grids are left alone.
     """
-    if isinstance(grid, InMemoryGrid):
-        grid.pull_interval = interval_s
+    if flower.simulation_grid(grid):
+        grid.pull_interval = interval_s  # type: ignore[attr-defined]  # the in-memory grid's own
 
 
 def retry_objects_sooner(grid: Grid, first_s: float) -> None:
     """In a deployment, ask again for a reply's missing parts after ``first_s`` seconds (``object-retry-s``),
-    not Flower's 1 s (:mod:`clients.runtime.object_pulls`); 0, or the simulation's grid, leaves Flower's own."""
-    if first_s > 0 and not isinstance(grid, InMemoryGrid):
+    not Flower's 1 s (:mod:`bridge.runtime.object_pulls`); 0, or the simulation's grid, leaves Flower's own."""
+    if first_s > 0 and flower.internals() and not flower.simulation_grid(grid):
         object_pulls.install(object_pulls.GRID, first_s)
 
 
@@ -74,4 +75,4 @@ def main(grid: Grid, context: Context) -> None:
     if cfg.client_state == "disk":  # of no use once the run has ended (and possibly gigabytes)
         clear_states(cfg)
     log(INFO, runlog.SERVER_DONE_LOG)
-    runlog.mark_server_done(out_dir, cfg.num_rounds)
+    runlog.mark_server_done(out_dir, cfg.num_rounds, strategy.broken())

@@ -18,21 +18,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from logging import INFO, WARNING
+from logging import INFO, WARNING, getLogger
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
 from bridge import messages
 from fedsketch import wire
-from fedsketch.client.uploads import mergeable
+from fedsketch.client.uploads import mergeable, set_aside
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
@@ -41,10 +40,16 @@ from fedsketch.server import download, runlog, schedule
 from fedsketch.server.books import Books
 from fedsketch.server.evaluate import evaluate
 from fedsketch.server.privacy import privacy_metrics
-from strategies import billing, guard, plan, records, resume, secure
+from strategies import billing, guard, plan, records, resume
 from strategies.limits import ReplyLimits, for_layout
-from strategies.replies import RoundReplies, collect, exchange
+from strategies.replies import COUNTED_AS, RoundReplies, collect, exchange
 from strategies.values import ServerValues
+
+log = getLogger("flwr").log  # Flower's own logger: the lines go where Flower's go (flower.log)
+
+DIVERGED_LOSS = 1e6
+"""A test loss above this (the true class's probability below e^-1,000,000 on average) means training diverged:
+an untrained model's is about ln(classes), and no run that learns comes near it."""
 
 
 class FedSketchStrategy(Strategy):
@@ -110,13 +115,15 @@ class FedSketchStrategy(Strategy):
 
     def plan_round(self, server_round: int, config: ConfigRecord, grid: Grid) -> plan.RoundPlan:
         """Wait for nodes, sample this round's clients, assign them to nodes; the round's config."""
-        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful)
+        nodes = plan.wait_for_nodes(grid, self.cfg.min_nodes, self.cfg.round_timeout)
+        sent, homes = plan.assign(self.cfg, server_round, grid, self.books.homes, self.stateful, nodes)
+        missing = plan.missing_nodes(self.cfg, len(nodes), server_round)
         self.values = self.values.book(homes=homes)
         base = {**dict(config), **self.method.wire.round_config(self.cfg), "server-round": server_round}
         echo: dict[str, Any] = dict(self.method.wire.round_config(self.cfg))
         if self.cfg.download == "sparse" and self.cfg.client_assignment == "node":  # a device that caught up
             echo[wire.MODEL_CRC] = messages.model_crc(self.weights.cpu().numpy())  # must have trained on this
-        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo)
+        return plan.RoundPlan(server_round, grid, sent, {**base, "lr": self.lr_at(server_round)}, echo, missing)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -126,6 +133,10 @@ class FedSketchStrategy(Strategy):
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         limits = self.reply_limits(layout, p.echo, merged=mergeable(self.cfg))
         got = collect(replies, p.sent, layout, limits, self.method.wire.diagnostic(self.cfg, self.d), self.requested)
+        got.updates, aside = set_aside(self.cfg, self.d, got.updates)
+        for cid, why in aside.items():
+            got.fail(cid, "bounded", why)
+            log(WARNING, "client %d %s: %s", cid, COUNTED_AS["bounded"], why)
         node_cid = {**self.books.node_cid, **{u.node: u.cid for u in got.contributors()}}
         self.values = self.values.book(records.round_counts(got, self.dense_bytes), node_cid=node_cid)
         return self.finish_round(server_round, got, len(got.contributors()))
@@ -161,16 +172,30 @@ class FedSketchStrategy(Strategy):
             self.set_weights(torch.as_tensor(initial_arrays["w"].numpy()).to(self.weights.device))
         num_rounds = num_rounds if num_rounds is not None else self.cfg.num_rounds
         self.summary()
+        first, spent = self.resume()  # before config.json is written: a refused resume leaves the folder as it was
         if self.out_dir is not None:
             runlog.write_config(self.cfg, self.out_dir)
-        first, spent = self.resume()
         start = time.perf_counter() - spent
         for rnd in range(first, num_rounds + 1):
             self.run_round(rnd, grid, train_config or ConfigRecord(), timeout)
             if rnd % self.cfg.eval_every == 0 or rnd == num_rounds:
                 self.log_row(rnd, time.perf_counter() - start)
             resume.checkpoint_round(self.cfg, self.out_dir, num_rounds, time.perf_counter() - start, self.values)
+        if self.broken():
+            log(WARNING, "%s", self.broken())
         return Result(arrays=messages.model_record(self.weights.cpu().numpy()))
+
+    def broken(self) -> str | None:
+        """Why the model the run ends with is of no use (its last test loss not finite, or above
+        :data:`DIVERGED_LOSS`); ``None`` if it is of use."""
+        if not self.history or self.history[-1]["test_loss"] <= DIVERGED_LOSS:
+            return None
+        row = self.history[-1]
+        return (
+            f"the model is broken: its test loss is {row['test_loss']:.3g} at round {row['round']}, "
+            f"{row.get('skipped_rounds', 0)} rounds not applied since the row before (see rounds.jsonl)"
+            + ("" if self.cfg.norm_bound > 0 else "; with norm-bound = 0 one client's upload can wreck it")
+        )
 
     def run_round(self, server_round: int, grid: Grid, config: ConfigRecord, timeout: float | None = None) -> None:
         """One round's exchange and step, plain or through secure aggregation; no evaluation, no checkpoint."""
@@ -185,6 +210,8 @@ class FedSketchStrategy(Strategy):
 
     def secure_round(self, server_round: int, grid: Grid, config: ConfigRecord) -> None:
         """One round through SecAgg+ (:mod:`strategies.secure`): the sum, already clipped by the nodes, is applied."""
+        from strategies import secure  # Flower's legacy API (bridge/legacy.py), for these rounds only
+
         self.plan = p = self.plan_round(server_round, config, grid)
         layout = self.method.wire.layout(self.cfg, self.d, server_round)
         done = secure.secure_round(
@@ -289,7 +316,7 @@ class FedSketchStrategy(Strategy):
             self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return
-        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors)
+        line = records.round_line(server_round, self.plan.sampled(), got, skipped, contributors, self.plan.missing)
         runlog.append_metrics(self.out_dir, line, runlog.ROUNDS)
 
     def log_row(self, server_round: int, wall_s: float) -> None:

@@ -7,7 +7,7 @@ first wait is ``first_s``, each further one ``factor`` times longer up to ``cap_
 schedule starts again from ``first_s`` after a pull that brought replies. One pull asks for every
 missing reply at once, whatever the number of nodes, so the cap grows with the replies still
 missing: a running round costs the SuperLink at most ``1 / cap_s`` pulls and ``ids_per_s`` named
-replies a second while no reply arrives (docs/deployment.md has the figures).
+replies a second while no reply arrives (docs/deployed-rounds.md has the figures).
 Flower's simulation grid keeps its own fixed ``pull_interval`` (``reply-poll-s``).
 """
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flwr.app import Message
-from flwr.superlink.grid import InMemoryGrid
+
+from bridge import flower
 
 
 class PushPull(Protocol):
@@ -98,8 +99,9 @@ def pulls_within(schedule: PollSchedule, timeout: float, missing: int = 1) -> in
 
 def schedule_for(grid: object) -> PollSchedule:
     """Flower's simulation grid keeps its own interval (a pull there is an in-process lookup); others back off."""
-    if isinstance(grid, InMemoryGrid):
-        return PollSchedule(grid.pull_interval, 1.0, grid.pull_interval)
+    if flower.simulation_grid(grid):
+        interval = grid.pull_interval  # type: ignore[attr-defined]  # the in-memory grid's own
+        return PollSchedule(interval, 1.0, interval)
     return DEPLOYMENT
 
 

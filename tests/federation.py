@@ -87,6 +87,7 @@ class TestGrid(InProcessGrid):
         """The replies of the last push that are due by this pull, each once."""
         self.pulls += 1
         self._pulled += 1
+        self._pending = []  # InProcessGrid's own hold on the replies: this grid hands them out from _held
         due = [reply for at, reply in self._held if at <= self._pulled]
         self._held = [(at, reply) for at, reply in self._held if at > self._pulled]
         return due
@@ -95,5 +96,5 @@ class TestGrid(InProcessGrid):
         """Push, then every reply at once, ``late`` or not."""
         self.push_messages(messages)
         replies = [reply for _, reply in self._held]
-        self._held = []
+        self._held, self._pending = [], []
         return replies

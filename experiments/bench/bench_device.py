@@ -9,8 +9,8 @@ everything it or its launcher started) every 20 ms, for each setup:
 - ``today``: Flower's default ``--isolation subprocess``, a fresh ClientApp
   process per message, in this environment (``--before-app``: the app's code as
   it was, e.g. an older checkout);
-- ``launcher``: :mod:`clients.runtime.launcher` (one warm process, a fork per message), its
-  SuperNode asking for the next message soon after a reply (:mod:`clients.runtime.supernode_waits`);
+- ``launcher``: :mod:`bridge.runtime.launcher` (one warm process, a fork per message), its
+  SuperNode asking for the next message soon after a reply (:mod:`bridge.runtime.supernode_waits`);
 - ``launcher, Flower's waits`` (``flowerwaits``): the same with Flower's own 3 s idle wait;
 - ``launcher, device env``: the same in ``--device-venv`` (a CPU-only torch).
 

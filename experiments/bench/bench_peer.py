@@ -56,8 +56,8 @@ import numpy as np
 
 from experiments.bench.bench_sim import round_times
 from experiments.bench.peer_tables import Run, print_breakdown, print_table
-from experiments.flower.federation import BACKENDS, RUNTIMES
 from experiments.bench.proctree import TreeSampler, tag_env
+from experiments.flower.federation import BACKENDS, RUNTIMES
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog
 

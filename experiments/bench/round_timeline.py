@@ -1,6 +1,6 @@
 """Where a deployed round's time goes: the SuperNode's log lines against the server's own round records.
 
-One real SuperLink and one SuperNode under :mod:`clients.runtime.launcher` on loopback
+One real SuperLink and one SuperNode under :mod:`bridge.runtime.launcher` on loopback
 (:class:`experiments.deployment.deploy.LocalFederation`), a few rounds of FetchSGD (Rothchild
 et al., ICML 2020) with ``flwr run``. Per round: the wait until the SuperNode
 picks the round's message up (from the end of the server's previous evaluation

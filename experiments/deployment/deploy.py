@@ -8,14 +8,15 @@ process tree. A real federation runs one SuperLink on a server and one
 
 :class:`LocalFederation` starts such a federation on 127.0.0.1, with optional
 TLS and SuperNode authentication (certificates and keys from
-:mod:`experiments.deployment.pki`), runs fedsketch on it with ``flwr run``, and stops every
+:mod:`experiments.deployment.pki`), the SuperLink's state in a database file (a
+SuperLink killed and started again knows every node), runs fedsketch on it with ``flwr run``, and stops every
 process it started together with everything those spawned, found by a variable
 in their environment (the SuperLink detaches its ``flower-superexec`` into a
 session of its own, out of reach of a process group). The commands
 (:mod:`experiments.deployment.deploy_commands`) are the ones :mod:`experiments.deployment.recipe`
 prints for real devices.
 
-Each SuperNode runs under :mod:`clients.runtime.launcher` (``isolation = "launcher"``):
+Each SuperNode runs under :mod:`bridge.runtime.launcher` (``isolation = "launcher"``):
 one process that has imported torch and Flower forks a child per message,
 instead of Flower's default of a fresh ``flwr-clientapp`` process per message
 (``isolation = "subprocess"``); ``experiments/bench/bench_device.py`` compares them.
@@ -34,8 +35,11 @@ from types import TracebackType
 from typing import Self
 
 from experiments.deployment.deploy_commands import (
+    CHECKPOINT_EVERY,
     CONNECTION,
+    DATABASE,
     Deployment,
+    checkpointed,
     connection_toml,
     node_settings,
     superlink_command,
@@ -55,7 +59,14 @@ from experiments.flower.flower_procs import (
 )
 
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
-__all__ = ["TAG", "Deployment", "LocalFederation", "node_settings"]  # what a run on a LocalFederation needs
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "TAG",
+    "Deployment",
+    "LocalFederation",
+    "checkpointed",
+    "node_settings",
+]  # what a run on a LocalFederation needs
 
 
 class LocalFederation:
@@ -73,6 +84,7 @@ class LocalFederation:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.env = self._env(work_dir / "flwr-home")
+        self.database = work_dir / DATABASE  # the SuperLink's state: a restarted SuperLink knows every node
         self.certs: ServerCertificates | None = None
         self.keys: dict[int, NodeKeys] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -231,9 +243,10 @@ class LocalFederation:
         """``flwr run APP fedsketch-deploy --stream --run-config FILE``; returns its exit code.
 
         ``poll`` is called every ``poll_s`` seconds while the run goes on. The app is
-        submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`).
+        submitted from a copy of its own files (:func:`experiments.flower.app_files.stage_app`) in the
+        run's folder (that of ``log_file``).
         """
-        with staged_app(app_dir) as staged, open(log_file, "ab") as log:
+        with staged_app(app_dir, log_file.parent) as staged, open(log_file, "ab") as log:
             cmd = [bin_path("flwr"), "run", str(staged), CONNECTION, "--stream", "--run-config", str(run_config)]
             proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -264,16 +277,36 @@ class LocalFederation:
     def _env(self, flwr_home: Path) -> dict[str, str]:
         return {**flower_env(flwr_home), TAG: str(self.work_dir.resolve())}
 
+    def start_superlink(self) -> None:
+        """Start the SuperLink on its database (again, after it was killed) and wait until it answers.
+
+        Raises
+        ------
+        RuntimeError
+            If it exits or does not answer within 60 s.
+        """
+        cmd = superlink_command(self.port, self.certs, self.deployment.auth, database=self.database)
+        link = self._spawn("superlink", cmd, self.env)
+        ca = self.certs.ca_cert if self.certs is not None else None
+        wait_healthy_tls(self.address, ca, link, self.log("superlink"), timeout=60.0)
+
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink, as a server that loses power would stop (what it started dies with it)."""
+        proc = self.procs.pop("superlink")
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
     def _start(self) -> None:
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for stale in (self.database, *(self.database.with_name(self.database.name + x) for x in ("-wal", "-shm"))):
+            stale.unlink(missing_ok=True)  # a new federation: its nodes and keys are new
         if self.deployment.tls:
             self.certs = make_certificates(self.work_dir / "certs")
         ca = self.certs.ca_cert if self.certs is not None else None
         (home / "config.toml").write_text(connection_toml(self.address, ca), encoding="utf-8")
-        link = self._spawn("superlink", superlink_command(self.port, self.certs, self.deployment.auth), self.env)
-        wait_healthy_tls(self.address, ca, link, self.log("superlink"), timeout=60.0)
+        self.start_superlink()
         if self.deployment.auth:
             self.register(list(range(self.deployment.num_supernodes)))
         for i in range(self.deployment.num_supernodes):

@@ -4,22 +4,29 @@ A real federation runs one ``flower-superlink`` on a server and one
 ``flower-supernode`` per device, each told which data is its own with
 ``--node-config "partition-id=I num-partitions=N"``; the ServerApp then runs in
 ``client-assignment = "node"`` mode, one client per SuperNode. The commands,
-the connection in ``$FLWR_HOME/config.toml`` and those run settings are built
-here once, for :class:`experiments.deployment.deploy.LocalFederation` on loopback and for
+the connection in ``$FLWR_HOME/config.toml`` and those run settings (rounds that
+go on with a quorum of the nodes, and checkpoints) are built here once, for :class:`experiments.deployment.deploy.LocalFederation` on loopback and for
 the kit :mod:`experiments.deployment.recipe` writes for real devices.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clients.runtime.supernode_waits import check_choice
+from bridge.runtime.supernode_waits import check_choice
 from experiments.deployment.pki import ServerCertificates
+from fedsketch.config import RunConfig
+from fedsketch.settings.setting import ConfigError
 
 CONNECTION = "fedsketch-deploy"
 ISOLATIONS = ("launcher", "subprocess")
+CHECKPOINT_EVERY = 5
+DATABASE = "superlink.db"
+"""The file that holds a SuperLink's state (Flower's ``--database``): in a kit's ``server/``, in a local federation's folder."""
+"""Deployed runs checkpoint every this many rounds unless told otherwise: a lost server loses at most these."""
 
 
 @dataclass(frozen=True)
@@ -45,15 +52,46 @@ class Deployment:
             )
 
 
+def quorum(num_supernodes: int) -> int:
+    """The SuperNodes a deployed round waits for: a majority, so that devices lost for good do not stop the run."""
+    return num_supernodes // 2 + 1
+
+
 def node_settings(num_supernodes: int) -> dict[str, Any]:
-    """Run settings for one client per SuperNode, every node in every round."""
+    """Run settings for one client per SuperNode, every connected node in every round, a quorum of them needed."""
     n = num_supernodes
-    return {"client-assignment": "node", "num-clients": n, "clients-per-round": n, "min-nodes": n}
+    return {"client-assignment": "node", "num-clients": n, "clients-per-round": n, "min-nodes": quorum(n)}
 
 
-def superlink_command(port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1") -> list[str]:
-    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``."""
+def checkpointed(runs: Sequence[RunConfig], every: int = CHECKPOINT_EVERY) -> tuple[RunConfig, ...]:
+    """``runs``, each that does not checkpoint yet saving its server side every ``every`` rounds where it can.
+
+    A deployed server can be lost (its machine, the SuperLink); with checkpoints the run resumes after the
+    last one. Methods whose clients keep state on the devices cannot checkpoint (the config check refuses
+    them: a restart would lose that state) and are left as they are.
+    """
+    out = []
+    for cfg in runs:
+        if not cfg.checkpoint_every:
+            try:
+                cfg = RunConfig.from_mapping({"checkpoint-every": every}, base=cfg)
+            except ConfigError:
+                pass
+        out.append(cfg)
+    return tuple(out)
+
+
+def superlink_command(
+    port: int, certs: ServerCertificates | None, auth: bool, host: str = "127.0.0.1", database: Path | None = None
+) -> list[str]:
+    """``flower-superlink`` serving its one HTTP endpoint (Fleet, Control, Runtime) on ``host:port``.
+
+    With ``database``, its state (registered and online nodes, runs, messages) lives in that SQLite
+    file instead of in memory, and a SuperLink started again on it knows every node it knew.
+    """
     cmd = ["flower-superlink", "--disable-runtime-dependency-installation", "--host", host, "--port", str(port)]
+    if database is not None:
+        cmd += ["--database", str(database)]
     if certs is None:
         return [*cmd, "--insecure"]
     cmd += [
@@ -79,7 +117,7 @@ def supernode_command(
 ) -> list[str]:
     """The command for one device; ``port`` is its local Runtime API (one per node on a host).
 
-    With ``isolation = "launcher"``: ``python -m clients.runtime.launcher --port PORT
+    With ``isolation = "launcher"``: ``python -m bridge.runtime.launcher --port PORT
     --supernode-waits WAITS -- flower-supernode ...`` (the launcher adds ``--isolation
     process`` and the port); with ``"subprocess"``: ``flower-supernode`` alone, Flower's default.
     """
@@ -89,7 +127,7 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(key)]
     cmd += ["--node-config", f"partition-id={partition_id} num-partitions={num_partitions}"]
     if isolation == "launcher":
-        launcher = ["python", "-m", "clients.runtime.launcher", "--port", str(port), "--supernode-waits", waits]
+        launcher = ["python", "-m", "bridge.runtime.launcher", "--port", str(port), "--supernode-waits", waits]
         return [*launcher, "--", *cmd]
     return [*cmd, "--port", str(port)]
 

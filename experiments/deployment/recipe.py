@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.deployment.deploy_commands import (
     CONNECTION,
+    DATABASE,
+    checkpointed,
     connection_toml,
     node_settings,
     superlink_command,
@@ -50,7 +52,8 @@ def kit_runs(
     """The runs of ``experiment_file`` as a kit's devices run them: one client per SuperNode.
 
     Settings come in the order ``fedsketch deploy`` applies them: the file, one
-    client per SuperNode, then ``overrides``. The experiment is named
+    client per SuperNode, then ``overrides``; then checkpoints (:func:`checkpointed`) unless ``overrides``
+    set ``checkpoint-every``. The experiment is named
     ``NAME-kit`` unless ``overrides`` names one, and ``out_dir`` stays relative:
     the SuperLink's ServerApp writes under the folder the SuperLink runs in.
 
@@ -64,7 +67,8 @@ def kit_runs(
     if "experiment" not in given:
         first = load_experiment(experiment_file, values, 1, strategies).runs[0]
         values["experiment"] = runlog.experiment_name(first) + KIT_SUFFIX
-    return load_experiment(experiment_file, values, seeds, strategies).runs
+    runs = load_experiment(experiment_file, values, seeds, strategies).runs
+    return runs if "checkpoint-every" in given else checkpointed(runs)
 
 
 def write_kit(
@@ -143,8 +147,9 @@ def _write_device(folder: Path, certs: ServerCertificates, server: str, port: in
         "#!/bin/sh\n"
         f"# fedsketch SuperNode {i} of {n}, under the ClientApp launcher (a fork per round; docs/deployment.md).\n"
         "# Needs a venv with torch, flwr and fedsketch (FEDSKETCH_VENV, default below).\n"
-        "# It retries while the link is down. After a crash, Flower (1.41, 1.42) refuses the node until its old\n"
-        "# session times out (up to a minute) and it exits: run it under a supervisor (systemd unit beside).\n"
+        "# It retries while the link is down; once joined, the launcher starts the SuperNode again whenever it exits.\n"
+        "# Refused at its first start (after a crash, Flower 1.42 refuses the node until its old session times out,\n"
+        "# up to a minute), it exits: run it under a supervisor (systemd unit beside).\n"
         'set -eu\ncd "$(dirname "$0")"\n'
         f'export PATH="${{FEDSKETCH_VENV:-{INSTALL_DIR}/venv}}/bin:$PATH"\n'
         'export FLWR_HOME="${FLWR_HOME:-$HOME/.flwr}" FLWR_TELEMETRY_ENABLED=0\n'
@@ -168,7 +173,7 @@ def _instructions(
     folder: Path, certs: ServerCertificates, server: str, port: int, n: int, files: Mapping[str, RunConfig]
 ) -> str:
     rel = ServerCertificates(*(Path("server") / p.name for p in (certs.ca_cert, certs.server_cert, certs.server_key)))
-    link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0"))
+    link = shlex.join(superlink_command(port, rel, auth=True, host="0.0.0.0", database=Path("server") / DATABASE))
     register = "\n".join(f"flwr supernode register devices/node-{i}/node-{i}.pub {CONNECTION}" for i in range(n))
     runs = "\n".join(
         f"     admin/{name}: {cfg.strategy}, {cfg.num_rounds} rounds -> {runlog.run_dir(cfg)}/metrics.jsonl"
@@ -186,6 +191,8 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    {link}
 
    Metrics go to runs/<experiment>/<strategy>/metrics.jsonl under the folder it was started in.
+   Its state (registered devices, runs) is kept in server/{DATABASE}: started again with the same
+   command after a crash or a reboot, it knows every device, and the devices carry on by themselves.
 
 2. Operator (any machine with fedsketch installed that reaches {server}:{port}; the server will do):
    in this kit's folder, register every device's public key, then start a run.
@@ -198,7 +205,10 @@ Keep {folder / "ca.key"} offline: it signs server certificates and is needed on 
    Each run config holds every setting of one run (one client per SuperNode), and its results' folder:
 {runs}
    Change a setting by editing its line. The app's code travels with each run;
-   devices need only its dependencies.
+   devices need only its dependencies. A round goes on with a majority of the devices
+   (min-nodes); the server saves a checkpoint every few rounds (checkpoint-every): the same
+   flwr run again resumes after the last one (a finished run does nothing; delete its folder
+   to run it afresh).
 
 3. Device i (i = 0..{n - 1}): copy devices/node-i/ to {INSTALL_DIR}/node-i, make {INSTALL_DIR}/venv with a
    CPU-only torch, flwr and fedsketch (docs/deployment.md, "Setting up a device"), then either run it by hand:

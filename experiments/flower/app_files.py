@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bridge import flower
 from fedsketch.settings.setting import ConfigError
 
-INPROCESS_CLIENTAPP = "clients.runtime.inprocess_app:app"
+INPROCESS_CLIENTAPP = "clients.inprocess_app:app"
 """The ClientApp component an in-process simulation is run with: importing it installs the backend."""
 
 
@@ -77,17 +77,14 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
     """
     if app_dir.resolve().is_relative_to(dest.resolve()):
         raise ValueError(f"cannot stage the app {app_dir} into {dest}: it would be deleted first")
-    ignored = _gitignore(app_dir)
-    try:
-        from flwr.cli.utils import filter_paths_for_publish
-    except ImportError:
-        ignored = None
-    if ignored is None:  # a Flower without these helpers: let `flwr run` walk the folder itself
+    ignored, filter_paths_for_publish = flower.gitignore_spec(app_dir), flower.fab_filter()
+    if ignored is None or filter_paths_for_publish is None:  # no Flower internals: `flwr run` walks the folder
         return app_dir
     files: dict[str, Path] = {}
+    own = dest.resolve()  # an earlier copy in a run folder inside the app, where .gitignore does not exclude it
     for folder, dirs, names in os.walk(app_dir, followlinks=False):
         rel = Path(folder).relative_to(app_dir)
-        dirs[:] = [d for d in dirs if not _excludes(ignored, rel / d)]
+        dirs[:] = [d for d in dirs if not _excludes(ignored, rel / d) and Path(folder, d).resolve() != own]
         for name in names:
             path = Path(folder) / name
             if not path.is_symlink():
@@ -116,20 +113,11 @@ def ships(app_dir: Path, folder: Path) -> bool:
     app, target = app_dir.resolve(), folder.resolve()
     if not target.is_relative_to(app):
         return False
-    ignored = _gitignore(app)
+    ignored = flower.gitignore_spec(app)
     if ignored is None:
         return True
     parts = target.relative_to(app).parts
     return not any(_excludes(ignored, Path(*parts[: i + 1])) for i in range(len(parts)))
-
-
-def _gitignore(app_dir: Path) -> Any | None:
-    """The app's ``.gitignore`` as Flower's FAB filter reads it (a pathspec); ``None`` without Flower's helpers."""
-    try:
-        from flwr.cli.utils import build_pathspec, load_gitignore_patterns
-    except ImportError:
-        return None
-    return build_pathspec(load_gitignore_patterns(app_dir / ".gitignore"))
 
 
 def _excludes(ignored: Any, rel_folder: Path) -> bool:
@@ -137,8 +125,19 @@ def _excludes(ignored: Any, rel_folder: Path) -> bool:
     return bool(ignored.match_file(f"{rel_folder.as_posix()}/"))
 
 
+STAGED = ".staged-app"
+"""The folder, in a run's own folder, that holds the app's files while ``flwr run`` submits them."""
+
+
 @contextmanager
-def staged_app(app_dir: Path, clientapp: str | None = None) -> Iterator[Path]:
-    """:func:`stage_app` into a temporary folder, deleted on the way out (the FAB is built at submission)."""
-    with tempfile.TemporaryDirectory(prefix="fedsketch-app-") as tmp:
-        yield stage_app(app_dir, Path(tmp) / "app", clientapp)
+def staged_app(app_dir: Path, under: Path, clientapp: str | None = None) -> Iterator[Path]:
+    """:func:`stage_app` into ``under/.staged-app``, deleted on the way out (the FAB is built at submission).
+
+    ``under`` is the run's own folder: a command killed with SIGKILL leaves the copy there, never in
+    the system's temporary folder, and the run's next start replaces it.
+    """
+    dest = under / STAGED
+    try:
+        yield stage_app(app_dir, dest, clientapp)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 BACKENDS = ("inprocess", "ray")
 """What can run a simulation's ClientApp calls (:class:`Federation`'s ``backend``)."""
@@ -22,7 +22,7 @@ class Federation:
     """The simulated federation's resources, and what runs its ClientApp calls.
 
     ``backend`` is ``"inprocess"`` (the simulation process runs them on
-    Flower's worker threads, :mod:`clients.runtime.simulation_backend`) or ``"ray"``
+    Flower's worker threads, :mod:`bridge.runtime.simulation_backend`) or ``"ray"``
     (Flower's own backend: Ray actors, on this machine or a Ray cluster).
     ``runtime`` is ``"process"`` (Flower's simulation runtime called in one
     process, :mod:`experiments.flower.one_process`) or ``"superlink"`` (a
@@ -40,6 +40,16 @@ class Federation:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {self.backend!r}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}; got {self.runtime!r}")
+
+
+def on_public_flower(federation: Federation) -> Federation:
+    """``federation`` as it runs where fedsketch may not use Flower's internals (:func:`bridge.flower.internals`):
+    through ``flwr run`` and a SuperLink (``superlink``) on Flower's Ray backend; unchanged where it may."""
+    from bridge import flower
+
+    if flower.internals():
+        return federation
+    return replace(federation, runtime="superlink", backend="ray")
 
 
 def cpus_per_node(num_supernodes: int, cores: int | None = None) -> int:

@@ -6,7 +6,8 @@ SuperNodes on loopback (:mod:`experiments.deployment.deploy`). Each runs from th
 environment's console scripts with a private ``FLWR_HOME`` and no telemetry,
 on a free loopback port, in a process group of its own that is stopped as a
 whole: SIGTERM, then SIGKILL after a grace period. A SuperLink has started
-once its HTTP health endpoint answers.
+once its HTTP health endpoint answers. A Ray that Flower starts for a run
+listens on loopback only (:data:`LOOPBACK_RAY`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LOOPBACK_RAY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+"""Ray (2.55) on Linux takes a node's address to be the machine's network address, even when told 127.0.0.1
+(``resolve_ip_for_localhost``), and its GCS server, raylet and workers listen on every interface: anyone on
+the network could reach an unauthenticated Ray, which runs code. Ray's one-machine mode (this variable at
+0; on Linux it changes nothing else) takes loopback for the node's address, and every Ray process then
+listens on 127.0.0.1 only. Set unless ``RAY_ADDRESS`` names a cluster to join, or the variable is set."""
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private home, no telemetry, no installs."""
+    """Environment for Flower processes: private home, no telemetry, no installs, a Ray on loopback only."""
     env = dict(os.environ)
+    if not env.get("RAY_ADDRESS"):
+        env.setdefault(*LOOPBACK_RAY)
     # The SuperLink starts ``flower-superexec`` and friends by name: put the
     # venv's scripts first on PATH even when the venv is not activated.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.flower.federation import Federation
+from experiments.flower.federation import Federation, on_public_flower
 from experiments.flower.one_process import one_process_run
 from experiments.flower.superlink_run import flwr_run
 
@@ -36,6 +36,7 @@ def simulate(
     Returns 0 once the ServerApp has marked the run done in ``work_dir``, else
     the exit code of what ran it. Flower's logs go to ``work_dir/flower.log``.
     """
+    federation = on_public_flower(federation)
     if federation.runtime == "superlink":
         return flwr_run(app_dir, run_config, federation, work_dir, poll)
     return one_process_run(app_dir, run_config, federation, work_dir, poll)

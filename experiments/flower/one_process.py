@@ -3,13 +3,10 @@
 ``flwr run`` against a SuperLink (:func:`experiments.flower.superlink_run.flwr_run`)
 starts four Flower processes before round 1: the SuperLink, its SuperExec,
 ``flwr run`` and the simulation process. Only the last does the work: it calls
-Flower's simulation runtime (``flwr.simulation.run_simulation._run_simulation``,
-1.41 and 1.42), which runs the ServerApp on one thread and the simulation
+Flower's simulation runtime, which runs the ServerApp on one thread and the simulation
 engine (link state, message routing, the backend's workers) on others. This
-module is that last process alone: it fuses the app's ``pyproject.toml`` config
-with the run's overrides as Flower's simulation process does
-(``get_fused_config_from_dir``), names the same ServerApp and ClientApp
-components and calls the same function. The round is Flower's, message for
+module is that last process alone: it calls the runtime as Flower's simulation process
+does (:mod:`bridge.simulation`, which holds the calls to Flower's internals). The round is Flower's, message for
 message; what goes is the gRPC hop that submits the run and streams its logs,
 the FAB, and three processes (docs/simulation.md, "Start-up" and "Memory").
 
@@ -26,12 +23,12 @@ import importlib
 import os
 import sys
 import tempfile
-import tomllib
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from bridge import simulation
 from experiments.flower import procs, spare
 from experiments.flower.app_files import clientapp_for
 from experiments.flower.flower_procs import Child, flower_env, follow, watch
@@ -56,62 +53,6 @@ as ``name: (value, mallopt's parameter for it)``, the parameter for a process al
   a client: 6.2 million page faults against 1.6 million, 0.82 against 0.52 s a round)."""
 SPARE_LOG = "fedsketch: this simulation process started before its run and imported Flower and the app meanwhile"
 """The first line a spare writes to its run's log (:mod:`experiments.flower.spare`)."""
-
-
-def overrides(run_config: Path) -> dict[str, Any]:
-    """The run's settings file (``run_config.toml``, flat keys), as ``flwr run --run-config`` reads it."""
-    with open(run_config, "rb") as f:
-        return tomllib.load(f)
-
-
-def components(app_dir: Path, backend: str) -> tuple[str, str]:
-    """The ServerApp and ClientApp components the app's ``pyproject.toml`` names, read as Flower's simulation
-    process reads them; with ``backend``'s own ClientApp in place of the app's, as a staged app names it
-    (:func:`experiments.flower.app_files.clientapp_for`)."""
-    from flwr.common.config import get_project_config
-
-    named = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]
-    return named["serverapp"], clientapp_for(backend) or named["clientapp"]
-
-
-def simulate(
-    app_dir: Path, run_config: Path, num_supernodes: int, num_cpus: int, num_gpus: float, backend: str
-) -> None:
-    """Run the app's ServerApp and ClientApp through Flower's simulation runtime in this process."""
-    from flwr.app import Context, RecordDict
-    from flwr.common.config import get_fused_config_from_dir
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
-    from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supercore.telemetry import EventType
-
-    serverapp, clientapp = components(app_dir, backend)
-    run = Run.create_empty(run_id=1)
-    run.override_config = overrides(run_config)
-    run.primary_task_id = 1
-    run.federation_id = NOOP_FEDERATION_ID
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
-    context = Context(
-        run_id=run.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict(),
-        run_config=get_fused_config_from_dir(app_dir, run.override_config),
-    )
-    _run_simulation(
-        server_app_attr=serverapp,
-        client_app_attr=clientapp,
-        num_supernodes=num_supernodes,
-        backend_name="ray",  # the name the engine builds its backend by; the in-process ClientApp replaces Ray's
-        backend_config={"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}},
-        app_dir=str(app_dir),
-        run=run,
-        server_app_context=context,
-        is_app=True,
-        exit_event=EventType.FLWR_SIMULATION_RUN_LEAVE,
-    )
 
 
 def process_env(app_dir: Path, flwr_home: Path) -> dict[str, str]:
@@ -201,8 +142,8 @@ def _warm_up(app_dir: Path, backend: str) -> None:
     set_malloc(os.environ)
     os.environ.update(process_env(app_dir, Path(tempfile.gettempdir())))  # the run's own FLWR_HOME comes with it
     sys.path.insert(0, str(app_dir))
-    importlib.import_module("flwr.simulation.run_simulation")
-    for component in components(app_dir, backend):
+    simulation.preload()
+    for component in simulation.components(app_dir, clientapp_for(backend)):
         importlib.import_module(component.split(":")[0])
 
 
@@ -220,7 +161,7 @@ def _serve(app_dir: Path, backend: str, order: spare.Order) -> None:
     os.environ.update(order["environ"])
     print(SPARE_LOG, flush=True)
     gpus, run_config = float(order["gpus"]), Path(order["run_config"])
-    simulate(app_dir, run_config, int(order["nodes"]), int(order["cpus"]), gpus, backend)
+    simulation.simulate(app_dir, run_config, int(order["nodes"]), int(order["cpus"]), gpus, clientapp_for(backend))
 
 
 USAGE = "usage: python -m experiments.flower.one_process APP_DIR RUN_CONFIG NUM_SUPERNODES NUM_CPUS NUM_GPUS BACKEND"
@@ -237,7 +178,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"{USAGE}\n(six arguments; NUM_SUPERNODES and NUM_CPUS integers, NUM_GPUS a number)", file=sys.stderr)
         return 2
-    simulate(Path(app_dir), Path(run_config), *counts, backend)
+    simulation.simulate(Path(app_dir), Path(run_config), *counts, clientapp_for(backend))
     return 0
 
 

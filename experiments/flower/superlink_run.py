@@ -103,7 +103,7 @@ def flwr_run(
     clientapp = clientapp_for(federation.backend)
     with (
         simulation_superlink(home, federation, log_file, finished) as (env, healthy),
-        staged_app(app_dir, clientapp) as staged,
+        staged_app(app_dir, work_dir, clientapp) as staged,
     ):
         healthy()  # the app was staged while the SuperLink started
         return _flwr_run(staged, run_config, env, log_file, finished, poll)

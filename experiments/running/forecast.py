@@ -119,7 +119,8 @@ def first_round(cfg: RunConfig, nodes: int = 2) -> FirstRound:
     from flwr.app import ConfigRecord
     from flwr.serverapp import Grid
 
-    from experiments.running.inprocess_grid import InProcessGrid, task_identity
+    from bridge.flower import task_identity
+    from experiments.running.inprocess_grid import InProcessGrid
     from fedsketch.config import RunConfig
     from strategies.server_app import build_strategy
 

@@ -6,31 +6,18 @@ per node so node state persists between rounds; each node receives a copy of
 its message, as over the network, and every byte is still counted from the
 serialized records. ``fedsketch plan`` runs its round through it. Its replies are computed
 when a request is pushed and handed out by the next pull. ``Message(...)`` for an instruction
-needs the identity of a running task (``TaskIdentity``); :func:`task_identity` provides one.
+needs the identity of a running task: :func:`bridge.flower.task_identity` provides one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from bridge.messages import delivered
 from clients.client_app import app as client_app
-
-
-@contextmanager
-def task_identity(run_id: int = 1) -> Iterator[None]:
-    """Let this process build instruction messages, as a ServerApp task could."""
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
-    try:
-        yield
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 class InProcessGrid:

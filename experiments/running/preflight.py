@@ -36,6 +36,7 @@ from typing import ParamSpec, TypeVar
 import torch
 from torch import nn
 
+from bridge import flower
 from experiments.running.runner import describe
 from fedsketch import sketch_regime
 from fedsketch.config import RunConfig, check_against_model
@@ -86,6 +87,12 @@ def check_runs(runs: Iterable[RunConfig], here: bool = True, hand_over: bool = T
         One line naming the first problem: the setting, or the array, file and first offending index.
     """
     runs = list(runs)
+    secure = next((cfg for cfg in runs if cfg.secure_aggregation), None)
+    if secure is not None and not flower.internals():
+        raise ConfigError(
+            f"setting 'secure-aggregation' needs Flower's legacy internals (bridge/legacy.py), and fedsketch runs on "
+            f"Flower's public API only: {flower.public_only_reason()}"
+        )
     if here:
         check_devices(runs)
     handoff.forget()  # a new command loads afresh, and checks what it loaded, not an earlier command's data

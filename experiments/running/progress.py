@@ -95,6 +95,10 @@ class LineProgress:
             task.shown_round, task.shown_at = completed, now
             self._print(f"{task.label}: round {completed}/{task.total}  {status}  elapsed {clock(now - task.started)}")
 
+    def print(self, line: str) -> None:
+        """A line of its own (:func:`note`)."""
+        self._print(line)
+
     def _print(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
@@ -107,6 +111,14 @@ def measured(row: dict[str, float], shown: int) -> str:
         f"{when}acc {row['test_accuracy']:.3f}  up {format_bytes(row['cum_upload_bytes'])}"
         f"  down {format_bytes(row['cum_download_bytes'])}"
     )
+
+
+def note(progress: Progress | LineProgress, line: str) -> None:
+    """A line of its own above the progress display (as is on a terminal: ``rich`` would read ``[...]`` as markup)."""
+    if isinstance(progress, LineProgress):
+        progress.print(line)
+    else:
+        progress.console.print(line, markup=False, highlight=False)
 
 
 def time_left(stamps: list[tuple[int, float]], num_rounds: int) -> float | None:
@@ -137,11 +149,15 @@ class RunWatcher:
     def __init__(
         self, progress: Progress | LineProgress, label: str, path: Path, num_rounds: int, started: float | None = None
     ) -> None:
-        self.progress, self.path, self.num_rounds = progress, path, num_rounds
+        self.progress, self.path, self.num_rounds, self.label = progress, path, num_rounds, label
         self.started = started if started is not None else time.time()  # the rounds' stamps are unix times
         self.task: TaskID = progress.add_task(label, total=num_rounds, status="starting Flower...")
+        self.resumed = False  # said that the run resumes from its checkpoint
 
     def __call__(self) -> None:
+        if not self.resumed and (after := runlog.resumed_after(self.path)) is not None:
+            self.resumed = True
+            note(self.progress, f"{self.label}: resuming after round {after} (its checkpoint)")
         rows = runlog.read_metrics(self.path)
         rounds = runlog.read_metrics(self.path, runlog.ROUNDS)
         if not rows and not rounds:

@@ -7,10 +7,13 @@ An experiment file has a ``[run]`` table (any run setting, kebab-case), a
 Every run is validated before the first one starts, so a typo stops the whole
 experiment at once.
 A run whose ``metrics.jsonl`` already reaches its last round with the same
-config is not redone; an unfinished one is restarted cleanly, unless it
-checkpoints (``checkpoint-every``) and left a checkpoint with the same config:
-then it resumes from there. A run stopped by a signal is one of those unfinished
-runs (``docs/stopping.md``). Each run that ends (or was already finished) is
+config is not redone; an unfinished one is restarted cleanly, unless it left a
+checkpoint (``checkpoint-every``) with the same config: then it resumes from
+there. "The same" leaves out the settings a resume may change (timeouts, the
+evaluation's cadence, tracking: :mod:`fedsketch.server.resumable`); a checkpoint of a run with
+other settings is refused before anything starts, never deleted unless the
+command is told to (``--restart``). A run stopped by a signal is one of those
+unfinished runs (``docs/stopping.md``). Each run that ends (or was already finished) is
 also written to TensorBoard and MLflow where its setting ``tracking`` asks
 (``experiments/analysis/tracking.py``).
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from experiments.running import stopping
-from fedsketch.server import runlog
+from fedsketch.server import resumable, runlog
 from fedsketch.server.runlog import RunSpec
 from fedsketch.settings.setting import ConfigError
 
@@ -168,22 +171,65 @@ def describe(cfg: RunSpec) -> str:
     return " ".join(part for part in (cfg.strategy, runlog.sweep_point(cfg), f"seed {cfg.seed}") if part)
 
 
-def is_finished(cfg: RunSpec) -> bool:
-    """The run's metrics reach its last round and its saved config is this one."""
-    path = runlog.run_dir(cfg)
-    config_file = path / "config.json"
+def saved_settings(cfg: RunSpec) -> dict[str, Any] | None:
+    """The settings the run's folder was last run with (its ``config.json``); ``None`` if it has none."""
+    config_file = runlog.run_dir(cfg) / "config.json"
     if not config_file.exists():
+        return None
+    return dict(json.loads(config_file.read_text(encoding="utf-8")))
+
+
+def is_finished(cfg: RunSpec) -> bool:
+    """The run's metrics reach its last round and its saved config is this one, but for settings a resume may
+    change (:data:`fedsketch.server.resumable.RUNTIME_KEYS`: a timeout, the evaluation's cadence)."""
+    saved = saved_settings(cfg)
+    if saved is None or resumable.differences(saved, cfg.to_mapping()):
         return False
-    if not _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg):
-        return False
+    path = runlog.run_dir(cfg)
     rows = runlog.read_metrics(path)
-    return bool(rows) and rows[-1].get("round") == cfg.num_rounds
+    return bool(rows) and rows[-1].get("round") == cfg.num_rounds and not runlog.broken(path)
+
+
+def check_resumes(runs: Sequence[RunSpec], restart: bool = False) -> list[RunSpec]:
+    """Refuse runs whose folder holds a checkpoint of a run with other settings, before anything starts; with
+    ``restart``, delete those folders (checkpoint and all) instead. Returns the runs so deleted.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the run's folder, each setting that differs and its two values, and the ways out.
+    """
+    deleted = []
+    for cfg in runs:
+        path, saved = runlog.run_dir(cfg), saved_settings(cfg)
+        if saved is None or not (path / runlog.CHECKPOINT).exists():
+            continue
+        differ = resumable.differences(saved, cfg.to_mapping())
+        if not differ:
+            continue
+        if not restart:
+            raise ConfigError(
+                f"{path} holds a checkpoint of a run with other settings ({resumable.describe(differ)}): set them "
+                "back to resume it, choose another --out, or add --restart to delete it and start over"
+            )
+        shutil.rmtree(path)
+        deleted.append(cfg)
+    return deleted
 
 
 def prepare(cfg: RunSpec) -> Path:
-    """Clear an unfinished run's folder (unless it can resume) and write the run config Flower will read."""
+    """Clear an unfinished run's folder (unless it resumes from its checkpoint) and write the run config Flower
+    will read.
+
+    Raises
+    ------
+    ConfigError
+        If the folder holds a checkpoint of a run with other settings (:func:`check_resumes`): it is never deleted
+        here.
+    """
     path = runlog.run_dir(cfg)
     if path.exists() and not is_resumable(cfg):
+        check_resumes([cfg])
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     runlog.clear_status(path)  # a run resumed after an interruption is no longer interrupted
@@ -197,21 +243,11 @@ def run_config_toml(cfg: RunSpec) -> str:
 
 
 def is_resumable(cfg: RunSpec) -> bool:
-    """The run checkpoints, left a checkpoint, and its saved config is this one: the strategy resumes it."""
-    path = runlog.run_dir(cfg)
-    config_file = path / "config.json"
-    if not cfg.checkpoint_every or not (path / runlog.CHECKPOINT).exists() or not config_file.exists():
+    """The run left a checkpoint with the same settings but for those a resume may change: the strategy resumes it."""
+    saved = saved_settings(cfg)
+    if saved is None or not (runlog.run_dir(cfg) / runlog.CHECKPOINT).exists():
         return False
-    return _same_run(json.loads(config_file.read_text(encoding="utf-8")), cfg)
-
-
-def _same_run(saved: dict[str, Any], cfg: RunSpec) -> bool:
-    """Whether a run's saved ``config.json`` is ``cfg``'s, but for settings that change no result
-    (:data:`fedsketch.server.runlog.OUTPUT_ONLY`: turning ``tracking`` on does not redo a finished run)."""
-    ours = cfg.to_mapping()
-    return {k: v for k, v in saved.items() if k not in runlog.OUTPUT_ONLY} == {
-        k: v for k, v in ours.items() if k not in runlog.OUTPUT_ONLY
-    }
+    return not resumable.differences(saved, cfg.to_mapping())
 
 
 def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tuple[Run, str]]:
@@ -237,7 +273,8 @@ def run_all(runs: Sequence[Run], execute: Callable[[Run, Path], int]) -> list[tu
                 return results + [(later, "not started") for later in runs[i + 1 :]]
             _track(cfg, results[-1][1])
             continue
-        results.append((cfg, "finished" if is_finished(cfg) else _failed(code)))
+        broken = runlog.broken(path)
+        results.append((cfg, f"failed: {broken}" if broken else "finished" if is_finished(cfg) else _failed(code)))
         _track(cfg, results[-1][1])
     return results
 

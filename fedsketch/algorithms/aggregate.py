@@ -51,7 +51,8 @@ def _on_device(tensors: Iterable[torch.Tensor], device: torch.device) -> Iterato
     """Each tensor on ``device``, in order. A host tensor bound for a GPU is copied into one of two page-locked
     buffers in turn and sent from there without waiting, so the next one is copied while it travels; from
     pageable memory the driver copies through its own staging buffer and waits, about four times slower
-    (docs/simulation.md). A buffer is refilled only once its last copy to the GPU is done."""
+    (docs/measurements/2026-11-26-h200-paper-shape.md). A buffer is refilled only once its last copy to the
+    GPU is done."""
     slots: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
     for i, x in enumerate(tensors):
         if device.type != "cuda" or x.device.type != "cpu":

@@ -64,7 +64,7 @@ def _per_thread(kind: str, cfg: RunConfig, build: Callable[[], nn.Module]) -> nn
     """A module cached per thread and config: one thread's clients overwrite its weights while another's train.
 
     A simulation process whose ClientApp calls run on several threads
-    (``clients/runtime/simulation_backend.py``) gives each thread its own; a process
+    (``bridge/runtime/simulation_backend.py``) gives each thread its own; a process
     with one thread has one, as before.
     """
     cache: dict[tuple[str, RunConfig], nn.Module] = _THREAD.__dict__.setdefault("models", {})

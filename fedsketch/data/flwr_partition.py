@@ -18,7 +18,7 @@ client ids) and each sample's row, shuffled first with the run seed as
 ``FederatedDataset`` shuffles a split; the partitioners with a seed get the run
 seed too. What comes back is each sample's client, so the rest of the split
 (``samples-per-client``, no client left empty) is :func:`fedsketch.data.partition_labels`'
-as for fedsketch's own partitioners. Those are faster (docs/data.md, measured);
+as for fedsketch's own partitioners. Those are faster (docs/huggingface.md, measured);
 these are here to match a Flower app's split exactly.
 """
 

@@ -273,7 +273,7 @@ class ResNet9(nn.Module):
 
 def _resnet18(in_channels: int, num_classes: int, norm: str) -> nn.Module:
     # Imported here: only resnet18 needs torchvision, and a device's ClientApp
-    # (docs/deployment.md) should not load it for the other models.
+    # (docs/deployed-rounds.md) should not load it for the other models.
     from torchvision.models import resnet18
 
     model = resnet18(weights=None, num_classes=num_classes, norm_layer=_norm_factory(norm))

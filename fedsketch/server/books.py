@@ -33,6 +33,7 @@ COUNTERS = (
     "rejected",
     "skipped_rounds",
     "clipped",
+    "bounded",
     "sparse_downloads",
     "diagnostic",
 )

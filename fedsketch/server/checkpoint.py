@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
-from fedsketch.server import runlog
+from fedsketch.server import resumable, runlog
 from fedsketch.server.books import Books
 from fedsketch.server.download import DownloadLedger
 
@@ -46,18 +46,8 @@ FILE = runlog.CHECKPOINT
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
 VERSION = 2  # 2: the books are one dataclass (fedsketch.server.books)
-RUNTIME_KEYS = (
-    "out-dir",
-    "checkpoint-every",
-    "round-timeout",
-    "reply-poll-s",
-    "object-retry-s",
-    "min-nodes",
-    "device",
-    "client-state",
-    *runlog.OUTPUT_ONLY,
-)
-"""Settings that change where or how a run executes, not what it computes: a resume may change them."""
+RUNTIME_KEYS = resumable.RUNTIME_KEYS
+"""Settings a resume may change (:mod:`fedsketch.server.resumable`)."""
 
 
 class CheckpointError(RuntimeError):
@@ -80,7 +70,7 @@ class Checkpoint:
 
 def fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """The settings a checkpoint must agree with to be resumed (all but :data:`RUNTIME_KEYS`)."""
-    return {key: value for key, value in cfg.to_mapping().items() if key not in RUNTIME_KEYS}
+    return resumable.fingerprint(cfg.to_mapping())
 
 
 def save(run_dir: Path, cfg: RunConfig, ckpt: Checkpoint) -> Path:
@@ -142,15 +132,10 @@ def load(run_dir: Path, cfg: RunConfig) -> Checkpoint | None:
 
 
 def _check_same_settings(refuse: str, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    keys = sorted(set(saved) | set(current))
-    differ = [
-        f"'{k}' {saved.get(k, '(unset)')!r} -> {current.get(k, '(unset)')!r}"
-        for k in keys
-        if saved.get(k) != current.get(k)
-    ]
+    differ = resumable.differences(saved, current)
     if differ:
         raise CheckpointError(
-            f"{refuse}: it was written by a run with other settings ({'; '.join(differ[:6])}). "
+            f"{refuse}: it was written by a run with other settings ({resumable.describe(differ)}). "
             "Use another out-dir, or delete the checkpoint to start over."
         )
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 ROUNDS = "rounds.jsonl"
 STATUS = "status.json"
+RESUMED = "resumed.json"
+"""Written by the ServerApp when it resumes the run from its checkpoint: after which round (:func:`mark_resumed`)."""
 SERVER_DONE = "server_done.json"
 """Written by the ServerApp as its last act: everything the run keeps is on disk (see :func:`mark_server_done`)."""
 SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
@@ -115,6 +117,7 @@ ROW_COUNTS = (
     "rejected",
     "skipped_rounds",
     "clipped",
+    "bounded",
     "sparse_downloads",
 )
 """Counts a metrics row reports since the previous row."""
@@ -189,12 +192,25 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 def clear_status(path: Path) -> None:
-    """Forget that the run was stopped, or that its server finished (it is about to run again)."""
-    (path / STATUS).unlink(missing_ok=True)
-    (path / SERVER_DONE).unlink(missing_ok=True)
+    """Forget that the run was stopped, resumed, or that its server finished (it is about to run again)."""
+    for name in (STATUS, SERVER_DONE, RESUMED):
+        (path / name).unlink(missing_ok=True)
 
 
-def mark_server_done(path: Path, num_rounds: int) -> None:
+def mark_resumed(path: Path, server_round: int) -> None:
+    """The ServerApp resumes the run in ``path`` after ``server_round`` (its checkpoint's round)."""
+    _atomic_write(path / RESUMED, json.dumps({"round": server_round, "unix-time": time.time()}) + "\n")
+
+
+def resumed_after(path: Path) -> int | None:
+    """The round after which the ServerApp resumed the run in ``path``; ``None`` if it started afresh (or not yet)."""
+    try:
+        return int(json.loads((path / RESUMED).read_text(encoding="utf-8"))["round"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def mark_server_done(path: Path, num_rounds: int, broken: str | None = None) -> None:
     """The ServerApp's last act: its metrics, checkpoint and client-state clean-up are all done.
 
     The launcher then stops Flower's processes at once instead of waiting for
@@ -203,12 +219,22 @@ def mark_server_done(path: Path, num_rounds: int) -> None:
     """
     rows = read_metrics(path)
     done = {"round": rows[-1]["round"] if rows else 0, "num-rounds": num_rounds, "unix-time": time.time()}
+    if broken:  # the run ends, but with a model of no use: the command says why and fails
+        done["broken"] = broken
     _atomic_write(path / SERVER_DONE, json.dumps(done, sort_keys=True) + "\n")
 
 
 def server_done(path: Path) -> bool:
     """Whether the ServerApp of the run in ``path`` has finished (:func:`mark_server_done`)."""
     return (path / SERVER_DONE).exists()
+
+
+def broken(path: Path) -> str | None:
+    """Why the run in ``path`` ended with a model of no use, as its ServerApp said (:func:`mark_server_done`)."""
+    try:
+        return json.loads((path / SERVER_DONE).read_text(encoding="utf-8")).get("broken")
+    except (OSError, ValueError):
+        return None
 
 
 def status_note(status: dict[str, Any]) -> str:

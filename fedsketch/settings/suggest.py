@@ -5,7 +5,8 @@ key written from memory is often other words for the same thing: ``num-rows``
 is spelt like ``num-rounds`` and means ``sketch-rows``. So a known key also
 scores by the words it shares with the unknown one (in its own name, and, at
 half weight, in its one-line meaning), each word weighted by how few keys it
-appears in: ``rows`` points at one key, ``num`` at three.
+appears in: ``rows`` points at one key, ``num`` at three. A key's name may shorten
+the word asked (``cols`` for ``columns``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,19 @@ def by_meaning(key: str, known: Mapping[str, str]) -> str | None:
     in_names = Counter(w for ws in names.values() for w in ws)
     in_docs = Counter(w for ws in docs.values() for w in ws)
     scores = {
-        k: sum(1 / in_names[w] for w in asked & names[k]) + sum(0.5 / in_docs[w] for w in asked & docs[k])
+        k: sum(1 / in_names[w] for w in _shared(asked, names[k])) + sum(0.5 / in_docs[w] for w in asked & docs[k])
         for k in known
     }
     best = max(scores, key=lambda k: (scores[k], -len(k)), default=None)
     return best if best is not None and scores[best] >= MEANING_FLOOR else None
+
+
+def _shared(asked: set[str], name: set[str]) -> set[str]:
+    """The words of a key's ``name`` that the asked words spell out or shorten (``col`` of ``sketch-cols`` for
+    ``columns``; three letters at least)."""
+    return {
+        w for w in name for a in asked if a == w or (min(len(a), len(w)) >= 3 and (a.startswith(w) or w.startswith(a)))
+    }
 
 
 def suggestions(key: str, known: Mapping[str, str]) -> list[str]:

@@ -5,7 +5,7 @@ FetchSGD's clients (Rothchild et al., ICML 2020) each upload the Count Sketch of
 at a time costs a hash and a few kernel launches per block per client. Here every block's buckets and
 signs are computed once and added for all the vectors in one ``index_add_``. The hash functions are
 :mod:`fedsketch.sketch.hashing`'s, so each table equals :class:`fedsketch.sketch.count_sketch.CountSketch`'s up to the order of
-float additions (tests/fedsketch/sketch/test_batch.py); what it bought on a GPU: docs/simulation.md.
+ float additions (tests/fedsketch/sketch/test_batch.py); what it bought on a GPU: docs/sketch.md.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _accumulate_batch(tables: torch.Tensor, vecs: torch.Tensor, hashes: Tabulati
 def host_tables(tables: torch.Tensor) -> torch.Tensor:
     """``tables`` on the host: from a GPU in one copy into page-locked memory, which torch's host cache hands
     back once every view of it is gone, so the next chunk's copy reuses it. Copying each table to fresh
-    pageable memory on its own cost about 20 times as long (docs/simulation.md)."""
+    pageable memory on its own cost about 20 times as long (docs/sketch.md)."""
     if tables.device.type != "cuda":
         return tables.cpu()
     host = torch.empty(tables.shape, dtype=tables.dtype, pin_memory=True)

@@ -20,7 +20,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from bridge.messages import model_record, payload_to_record, records_of, typed_record
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.listening import ListeningWatch, off_loopback
 
 from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
-from experiments.deployment.deploy import Deployment, LocalFederation, node_settings
+from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.pki import make_node_keys
 from experiments.flower.flower_procs import stop_group
 from experiments.running import runner
@@ -61,7 +62,12 @@ def test_fedsketch_deploy_trains_fetchsgd_with_one_client_per_supernode(
     args = ["deploy", "--out", str(tmp_path), "--supernodes", "2", "--strategies", "fetchsgd", "--no-plot"]
     for key, value in {**TINY, "num-rounds": 2, "experiment": "deploy"}.items():
         args += ["--set", f"{key}={value}"]
-    assert fedsketch_main(args) == 0
+    with ListeningWatch((TAG, str(tmp_path / "deploy" / "deployment"))) as ports:
+        assert fedsketch_main(args) == 0
+    # the SuperLink and each SuperNode's Runtime API listen (the watch does see them), on loopback only
+    assert len(ports.sockets) >= 3, ports.sockets
+    print(f"deploy: listening: {sorted(f'{ip}:{port} ({who})' for (ip, port), who in ports.sockets.items())}")
+    assert not off_loopback(ports.sockets), f"listening beyond loopback: {off_loopback(ports.sockets)}"
     rows = _rows(tmp_path / "deploy" / "fetchsgd")
     assert [r["round"] for r in rows] == [1, 2]
     assert [(r["clients"], r["failures"]) for r in rows] == [(2, 0), (2, 0)]

@@ -6,7 +6,7 @@ The commands are the page's own: every fenced block after an HTML comment
 ``runs until stopped; ready when it prints "TEXT"`` is started in its own
 session (a terminal of its own) and waited for until its output shows TEXT;
 the others must exit 0, and the ``run`` block is run twice, as an operator
-repeating it would. The settings' defaults are preset to a temporary kit
+repeating it would (the second resumes after the first's last checkpoint). The settings' defaults are preset to a temporary kit
 folder, free ports, this checkout and this venv; ``HOME`` is a temporary
 folder. At the end every started session gets Ctrl-C (SIGINT), and every
 process carrying this test's tag in its environment is stopped.
@@ -88,7 +88,8 @@ def test_the_page_marks_the_steps_a_newcomer_follows() -> None:
 def test_the_kit_works_on_loopback_as_the_page_says(tmp_path: Path) -> None:
     outputs, logs = _follow(steps(DOC.read_text(encoding="utf-8")), tmp_path)
     rows = [json.loads(line) for line in outputs["results"].splitlines()]
-    assert [r["round"] for r in rows] == [1, 2]  # the second run started afresh
+    assert [r["round"] for r in rows] == [1, 2]  # the second run resumed after the last round: nothing more to do
+    assert "resuming after round 2" in outputs["run"]
     assert all(r["clients"] == 2 and r["failures"] == 0 for r in rows)
     assert outputs["list"].count("online") >= 2
     for name, log in logs.items():  # every round's ClientApp was a fork of the launcher, not a fresh process

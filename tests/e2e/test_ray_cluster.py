@@ -41,7 +41,7 @@ from experiments.cli import main as fedsketch_main
 from experiments.flower import procs
 from experiments.flower.federation import cpus_per_node
 from experiments.flower.flower_procs import free_port
-from tests.clients.runtime.test_simulation_backend import TINY
+from tests.bridge.runtime.test_simulation_backend import TINY
 from tests.conftest import flower_pids
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"

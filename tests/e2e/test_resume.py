@@ -1,10 +1,11 @@
-"""SIGKILL a real Flower run mid-way, start it again: it ends as an uninterrupted run does.
+"""SIGKILL a real Flower run mid-way, start it again with another round timeout: it ends as an uninterrupted run does.
 
-Both runs go through `fedsketch run` (a private simulation SuperLink, `flwr run`,
-Ray). The comparison is exact: the final model bit for bit (from each run's
-last checkpoint) and every metrics row but its clock fields, so it also checks
-that two real Flower runs of the same config and seed are deterministic on
-the CPU.
+Both runs go through `fedsketch run` (Flower's simulation runtime in one process, whose ServerApp is
+killed with everything else after round 5; checkpoints every 2 rounds). The second start changes
+`round-timeout`, a setting that may change between runs: it resumes after round 4 and says so on
+its console. The comparison is exact: the final model bit for bit (from each run's last
+checkpoint) and every metrics row but its clock fields, so it also checks that two real Flower
+runs of the same config and seed are deterministic on the CPU.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ SETTINGS = [
 CLOCK = ("wall_s", "unix_time")
 
 
-def command(out: Path) -> list[str]:
-    args = [FEDSKETCH, "run", "--out", str(out), "--strategies", "fetchsgd", "--no-plot"]
-    for pair in SETTINGS:
+def command(out: Path, *changed: str) -> list[str]:
+    args = [FEDSKETCH, "run", "--out", str(out), "--strategies", "fetchsgd", "--no-plot", "--no-plan"]
+    for pair in [*SETTINGS, *changed]:
         args += ["--set", pair]
     return args
 
@@ -95,20 +96,23 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(tmp_path: Path
 
     proc = subprocess.Popen(command(cut), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline, path = time.monotonic() + 600, run_dir(cut)
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            ckpt = (path / checkpoint.FILE).exists()
-            if ckpt and len(rows(path, "metrics.jsonl")) >= 3:
-                break
-            time.sleep(0.1)
+    try:  # after round 5 has ended (its line in rounds.jsonl), before round 6 does: the last checkpoint is round 4's
+        while time.monotonic() < deadline and proc.poll() is None and len(rows(path, "rounds.jsonl")) < 5:
+            time.sleep(0.01)
     finally:
-        logged = len(rows(path, "metrics.jsonl"))
+        for pid in [proc.pid, *procs.descendants({proc.pid})]:  # halted at once; then killed, with all they started
+            os.kill(pid, signal.SIGSTOP)
+        ended = len(rows(path, "rounds.jsonl"))
         kill_everything(proc, path / "flwr-home")
-    assert 3 <= logged < 6, f"the run was not caught mid-way ({logged} rows logged)"
+    assert ended == 5, f"the run was not caught after round 5 ({ended} rounds ended)"
 
-    again = subprocess.run(command(cut), capture_output=True, text=True, timeout=600, check=False)
+    again = subprocess.run(command(cut, "round-timeout=300"), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "resumed after round" in (path / "flower.log").read_text(errors="replace")
+    said = [line for line in again.stdout.splitlines() if "resuming" in line]
+    print(f"rerun with round-timeout=300, console: {said}")
+    assert said == ["fetchsgd seed 0: resuming after round 4 (its checkpoint)"]
+    assert "resuming after round 4 from" in (path / "flower.log").read_text(errors="replace")
+    assert json.loads((path / "config.json").read_text())["round-timeout"] == 300
     assert torch.equal(final_weights(path), final_weights(run_dir(whole)))
     assert rows(path, "metrics.jsonl") == rows(run_dir(whole), "metrics.jsonl")
     assert rows(path, "rounds.jsonl") == rows(run_dir(whole), "rounds.jsonl")

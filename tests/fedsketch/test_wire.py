@@ -9,7 +9,7 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 
 from bridge.messages import model_record, read_request
-from clients.runtime.simulation_backend import InProcessBackend
+from bridge.runtime.simulation_backend import InProcessBackend
 from fedsketch import wire
 from fedsketch.wire import config_float, config_int, config_ints
 

@@ -6,6 +6,7 @@ The other layer rules are import-linter contracts in pyproject.toml (`lint-impor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,4 +59,18 @@ def test_methods_validate_and_task_name_the_run_config_in_annotations_only() -> 
     below = [*sorted((ROOT / "fedsketch" / "methods").glob("*.py")), ROOT / "fedsketch" / "validate.py"]
     below.append(ROOT / "fedsketch" / "task.py")
     offenders = [str(path.relative_to(ROOT)) for path in below if "fedsketch.config" in _runtime_imports(path)]
+    assert offenders == []
+
+
+def test_flowers_modules_are_named_by_string_in_bridge_only() -> None:
+    """import-linter's contract sees imports; a module Flower's internals are reached through by name
+    (``importlib.import_module("flwr....")``, a patch's target) must be in bridge/ too."""
+    named = re.compile(r"""["']flwr\.[a-z_]+(?:\.[a-z_]+)*["']""")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {match}"
+        for package in ("fedsketch", "strategies", "clients", "experiments")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for match in named.findall(path.read_text(encoding="utf-8"))
+        if not match.strip("\"'").startswith(("flwr.app", "flwr.clientapp", "flwr.serverapp", "flwr.simulation"))
+    ]
     assert offenders == []

@@ -1,4 +1,4 @@
-"""Every relative link in the README and docs/ names a file that exists (and an anchor its page has)."""
+"""Every relative link in the README, docs/ and docs/measurements/ names a file that exists (and an anchor its page has)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "measurements").glob("*.md")),
+]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

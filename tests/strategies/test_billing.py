@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from bridge import messages
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs
 from fedsketch.config import RunConfig

@@ -22,7 +22,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from bridge.messages import model_record
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm

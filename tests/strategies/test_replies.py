@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, Metric
 from flwr.app.message import make_message
 
 from bridge.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import PayloadSpec
@@ -440,7 +440,10 @@ def test_each_bad_client_is_rejected_with_its_reason_and_its_bytes_still_counted
     counted = [1, 2, 3]  # every client whose update and metrics arrived is charged, valid or not
     total = sum(wire_bytes(content[wire.update_key(c)]) + wire_bytes(content[wire.metrics_key(c)]) for c in counted)
     assert out.upload_bytes == total and out.diagnostic_bytes == 0
-    assert _warnings(caplog) == [f"client {cid} rejected: {reason}" for cid, reason in out.failures.items()]
+    words = {7: "counted as a client error", 8: "counted as a client error"}  # the kind each is counted as
+    assert _warnings(caplog) == [
+        f"client {cid} {words.get(cid, 'rejected')}: {reason}" for cid, reason in out.failures.items()
+    ]
 
 
 def test_a_missing_or_bad_diagnostic_rejects_its_client_and_is_still_counted() -> None:
@@ -488,8 +491,8 @@ def test_replies_from_nodes_not_asked_or_twice_are_ignored_and_silent_nodes_time
         3,
         {3: "node 102 did not reply in time", 4: "node 102 did not reply in time"},
     )
-    assert _warnings(caplog)[-2:] == ["client 3 rejected: node 102 did not reply in time"] + [
-        "client 4 rejected: node 102 did not reply in time"
+    assert _warnings(caplog)[-2:] == ["client 3 timed out: node 102 did not reply in time"] + [
+        "client 4 timed out: node 102 did not reply in time"
     ]
 
 
@@ -507,8 +510,8 @@ def test_a_node_error_fails_each_of_its_clients_as_an_error(caplog: pytest.LogCa
     assert _warnings(caplog) == [
         reason[:300],
         "node 102 error: gone",
-        f"client 1 rejected: {reason[:300]}",
-        f"client 2 rejected: {reason[:300]}",
+        f"client 1 counted as a client error: {reason[:300]}",
+        f"client 2 counted as a client error: {reason[:300]}",
     ]
 
 
@@ -538,7 +541,7 @@ def test_a_node_that_is_one_client_names_one_new_valid_id(caplog: pytest.LogCapt
         "node 104 rejected: named clients [9]",
         "node 105 rejected: named clients [1, 2, 3, 4, 5]",
         "node 106 rejected: named clients []",
-        "client 4 rejected: disk full",
+        "client 4 counted as a client error: disk full",
         "client 3 rejected: reply has no update or metrics for this client",
     ]
     free = _collect([_reply(101, _content(12345))], {101: []})  # no bound on the ids without num_clients

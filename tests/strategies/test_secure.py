@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round

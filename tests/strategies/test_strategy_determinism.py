@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy

@@ -13,7 +13,7 @@ from flwr.app import Array, ConfigRecord, Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 from experiments.analysis.results import failed_replies
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig

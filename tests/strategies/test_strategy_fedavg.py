@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.data.run import load_data

@@ -23,7 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from bridge.messages import record_to_payload, wire_bytes
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd

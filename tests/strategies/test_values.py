@@ -19,7 +19,7 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books

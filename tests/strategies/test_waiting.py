@@ -20,7 +20,7 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
 from bridge.messages import model_record
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies import waiting

@@ -120,10 +120,10 @@ FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "pickup-waits-as-long-as-flowers",
-        "clients/runtime/simulation_backend.py",
+        "bridge/runtime/simulation_backend.py",
         "PICKUP_S_PER_NODE = 0.005",
         "PICKUP_S_PER_NODE = 0.05",
-        "tests/clients/runtime/test_simulation_backend.py",
+        "tests/bridge/runtime/test_simulation_backend.py",
         "the in-process engine picks up a round's messages only every 0.1 s, as Flower's own loop does",
     ),
     _fault(

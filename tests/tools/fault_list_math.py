@@ -159,10 +159,10 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "backend-shares-the-message",
-        "clients/runtime/simulation_backend.py",
+        "bridge/runtime/simulation_backend.py",
         "self.app(message=delivered(message), context=context)",
         "self.app(message=message, context=context)",
-        "tests/clients/runtime/test_simulation_backend.py",
+        "tests/bridge/runtime/test_simulation_backend.py",
         "the in-process backend hands the sender's own message to the ClientApp",
     ),
     _fault(
@@ -170,7 +170,7 @@ MATH_FAULTS: tuple[Fault, ...] = (
         "fedsketch/client/cohort.py",
         '_THREAD.__dict__.setdefault("models", {})',
         'globals().setdefault("_SHARED", {})',
-        "tests/clients/runtime/test_simulation_backend.py",
+        "tests/bridge/runtime/test_simulation_backend.py",
         "every thread of the simulation process trains on one scratch model",
     ),
 )

@@ -2,7 +2,7 @@
 
 docs/architecture.md ("One FetchSGD round, file by file") lists the files a
 round of the default job runs; ``tests/tools/test_round_files.py`` checks that list
-against this trace. The run goes through :func:`experiments.flower.one_process.simulate`
+against this trace. The run goes through :func:`bridge.simulation.simulate`
 in this process, as ``fedsketch run`` does in its simulation process, with a
 profile hook on every thread that records each Python function called from
 the moment the strategy starts round 2 (of three) until it starts the next: the
@@ -33,7 +33,7 @@ from fedsketch.settings.setting import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = f"{ROOT}/"
 """What a product file's code path starts with (the hook tests it on every call it sees)."""
-PACKAGES = ("fedsketch/", "strategies/", "clients/", "experiments/")
+PACKAGES = ("fedsketch/", "strategies/", "clients/", "bridge/", "experiments/")
 """The product's packages, relative to the repository root."""
 SMALL = {"num-rounds": 3, "eval-every": 1}
 """Three rounds, every one evaluated: the traced round is an ordinary one, neither the first nor the last."""
@@ -79,7 +79,8 @@ class RoundTrace:
 
 def trace(settings: dict[str, Any], server_round: int = 2, supernodes: int = 2) -> RoundTrace:
     """Run the default job's FetchSGD with ``settings`` on top (and :data:`SMALL`) through Flower; the round's trace."""
-    from experiments.flower.one_process import simulate
+    from bridge.simulation import simulate
+    from experiments.flower.app_files import clientapp_for
 
     hook = RoundTrace(server_round)
     with tempfile.TemporaryDirectory(prefix="round-files-") as tmp:
@@ -90,7 +91,7 @@ def trace(settings: dict[str, Any], server_round: int = 2, supernodes: int = 2) 
         threading.setprofile(hook)
         sys.setprofile(hook)
         try:
-            simulate(ROOT, run_config, supernodes, 1, 0.0, "inprocess")
+            simulate(ROOT, run_config, supernodes, 1, 0.0, clientapp_for("inprocess"))
         finally:
             sys.setprofile(None)
             threading.setprofile(None)

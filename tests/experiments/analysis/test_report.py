@@ -26,7 +26,7 @@ from experiments.analysis.report import write_report
 from experiments.analysis.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
 from experiments.cli import main as fedsketch_main
 from experiments.running import runner
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.server import runlog

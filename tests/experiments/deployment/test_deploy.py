@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
 from experiments.cli import main as fedsketch_main
-from experiments.deployment.deploy import Deployment, node_settings
+from experiments.deployment.deploy import CHECKPOINT_EVERY, Deployment, node_settings
 from experiments.deployment.recipe import check_kit_folder, write_kit
 from experiments.running import runner
 
@@ -44,7 +44,7 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
         assert command[1:4] == [
             "python",
             "-m",
-            "clients.runtime.launcher",
+            "bridge.runtime.launcher",
         ]  # the warm launcher, not one process a round
         assert command[command.index("--port") + 1] == "${FEDSKETCH_RUNTIME_PORT:-9094}"
         assert command[command.index("--superlink") + 1] == "edge.example.org:9100"
@@ -59,6 +59,9 @@ def test_each_device_gets_its_own_p384_key_pair_and_a_command_for_its_partition(
     assert len(publics) == 3
     settings = tomllib.loads((tmp_path / "kit" / "admin" / "run_config.toml").read_text())
     assert settings.items() >= node_settings(3).items()
+    # the SuperLink keeps its state in the kit's server/ folder: a restart keeps the registered devices
+    link = next(shlex.split(line) for line in text.splitlines() if line.strip().startswith("flower-superlink"))
+    assert link[link.index("--database") + 1] == "server/superlink.db"
 
 
 def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_device(tmp_path: Path) -> None:
@@ -83,9 +86,16 @@ def test_the_kits_run_config_is_the_experiment_files_run_with_one_client_per_dev
     deployed = runner.load_experiment(runner.DEFAULT_CONFIG, {**node_settings(3), "num-rounds": 7}).runs
     assert [run.strategy for run in deployed] == ["fetchsgd", "local_topk", "fedavg"]
     names = ["run_config.toml", *(f"run_config.{run.strategy}.toml" for run in deployed[1:])]
+    saves = {
+        "fetchsgd": CHECKPOINT_EVERY,
+        "local_topk": 0,
+        "fedavg": CHECKPOINT_EVERY,
+    }  # local top-k's clients keep state
     for name, run in zip(names, deployed, strict=True):
         settings = tomllib.loads((admin / name).read_text())
-        assert settings == {**run.to_mapping(), "experiment": "default-kit", "out-dir": "runs"}
+        expected = {"experiment": "default-kit", "out-dir": "runs", "checkpoint-every": saves[run.strategy]}
+        assert settings == {**run.to_mapping(), **expected}
+        assert settings["min-nodes"] == 2  # a quorum of the 3 devices
     settings = tomllib.loads((admin / "run_config.toml").read_text())
     assert (settings["strategy"], settings["num-rounds"], settings["sketch-cols"]) == ("fetchsgd", 7, 9000)
     assert "runs/default-kit/fetchsgd/metrics.jsonl" in (tmp_path / "kit" / "INSTRUCTIONS.txt").read_text()

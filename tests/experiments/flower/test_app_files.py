@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
-from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
+from experiments.flower.app_files import INPROCESS_CLIENTAPP, STAGED, stage_app, staged_app
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,3 +69,47 @@ def test_an_inprocess_run_is_staged_with_the_inprocess_clientapp_only(tmp_path: 
     (bare / "pyproject.toml").write_text('[project]\nname = "x"\n')
     with pytest.raises(ValueError, match="names no one clientapp component"):
         stage_app(bare, tmp_path / "bare-staged", INPROCESS_CLIENTAPP)
+
+
+@pytest.mark.slow  # a real process, killed
+def test_a_killed_command_leaves_its_staged_app_in_the_runs_folder_and_the_next_start_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL cannot be caught: the copy stays where the run's other files are, never in the temporary folder."""
+    app, run = tmp_path / "src", tmp_path / "runs" / "x"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "mod.py").write_text("X = 1\n")
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    run.mkdir(parents=True)
+    (tmp_path / "tmp").mkdir()  # the command's temporary folder
+    code = (
+        "import sys, time; from pathlib import Path; from experiments.flower.app_files import staged_app\n"
+        "with staged_app(Path(sys.argv[1]), Path(sys.argv[2])) as s:\n    print(s, flush=True); time.sleep(60)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(app), str(run)], stdout=subprocess.PIPE, cwd=ROOT, env=env)
+    assert proc.stdout is not None
+    staged = Path(proc.stdout.readline().decode().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert staged == run / STAGED and (staged / "pkg" / "mod.py").exists()
+    assert not any((tmp_path / "tmp").iterdir())
+    (app / "pkg" / "mod.py").write_text("X = 2\n")
+    with staged_app(app, run) as again:
+        assert again == staged and (again / "pkg" / "mod.py").read_text() == "X = 2\n"
+    assert not staged.exists()
+
+
+def test_a_run_folder_inside_the_app_is_not_staged_into_itself(tmp_path: Path) -> None:
+    """An out folder that .gitignore does not exclude: the earlier copy there is no file of the app."""
+    app = tmp_path / "src"
+    (app / "pkg").mkdir(parents=True)
+    (app / "pkg" / "mod.py").write_text("X = 1\n")
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    run = app / "results" / "x"
+    stage_app(app, run / STAGED)
+    staged = stage_app(app, run / STAGED)
+    assert sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()) == [
+        "pkg/mod.py",
+        "pyproject.toml",
+    ]

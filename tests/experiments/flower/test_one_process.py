@@ -1,4 +1,4 @@
-"""The one-process runtime's pieces that need no Flower run (the runs themselves: tests/clients/runtime/test_simulation_backend.py)."""
+"""The one-process runtime's pieces that need no Flower run (the runs themselves: tests/bridge/runtime/test_simulation_backend.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from bridge import simulation
 from experiments.flower import one_process
+from experiments.flower.app_files import clientapp_for
 
 
 def test_the_run_config_file_is_read_as_flwr_run_reads_it(tmp_path: Path) -> None:
     path = tmp_path / "run_config.toml"
     path.write_text('strategy = "fedavg"\nnum-rounds = 3\nlr = 0.5\nflag = true\n', encoding="utf-8")
-    assert one_process.overrides(path) == {"strategy": "fedavg", "num-rounds": 3, "lr": 0.5, "flag": True}
+    assert simulation.overrides(path) == {"strategy": "fedavg", "num-rounds": 3, "lr": 0.5, "flag": True}
 
 
 def test_the_process_gets_the_app_first_on_its_path_and_the_malloc_settings_unless_set(
@@ -79,7 +81,7 @@ def test_each_backend_runs_the_components_the_app_names_and_the_clientapp_a_stag
     from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
 
     root = Path(__file__).resolve().parents[3]
-    assert one_process.components(root, "ray") == ("strategies.server_app:app", "clients.client_app:app")
-    assert one_process.components(root, "inprocess") == ("strategies.server_app:app", INPROCESS_CLIENTAPP)
+    assert simulation.components(root, clientapp_for("ray")) == ("strategies.server_app:app", "clients.client_app:app")
+    assert simulation.components(root, clientapp_for("inprocess")) == ("strategies.server_app:app", INPROCESS_CLIENTAPP)
     staged = stage_app(root, tmp_path / "app", INPROCESS_CLIENTAPP)  # what --runtime superlink submits
-    assert one_process.components(staged, "ray") == one_process.components(root, "inprocess")
+    assert simulation.components(staged, clientapp_for("ray")) == simulation.components(root, clientapp_for("inprocess"))

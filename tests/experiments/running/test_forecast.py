@@ -28,7 +28,7 @@ from experiments.running.forecast import (
     sketch_note,
     table,
 )
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch.config import RunConfig

@@ -24,7 +24,7 @@ from flwr.app import Message
 
 from bridge.messages import payload_to_record, wire_bytes
 from experiments.analysis.plots_fidelity import FIGURE, plot_fidelity
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig

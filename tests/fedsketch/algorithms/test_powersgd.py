@@ -24,7 +24,7 @@ from flwr.app import Message
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hook
 from torch.nn import functional as F
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.algorithms import powersgd
 from fedsketch.algorithms.powersgd import Block

@@ -19,7 +19,7 @@ import pytest
 import torch
 from flwr.app import Message
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig

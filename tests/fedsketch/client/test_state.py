@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch.client import state as client_state
 from fedsketch.client.state import DiskStates, clear_states, state_root
 from fedsketch.config import ConfigError, RunConfig, check_against_model

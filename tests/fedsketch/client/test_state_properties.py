@@ -17,7 +17,7 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.client import state as client_state
 from fedsketch.config import RunConfig

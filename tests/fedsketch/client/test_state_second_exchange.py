@@ -20,7 +20,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from clients.client_app import ContextStates
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.client import state as client_state

@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from bridge.messages import payload_bytes, payload_to_record, wire_bytes
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.client.uploads import merge, mergeable

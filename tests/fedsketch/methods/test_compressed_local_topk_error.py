@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 
 from bridge.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.client.state import state_root
 from fedsketch.compress.topk import decompress

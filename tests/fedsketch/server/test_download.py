@@ -17,7 +17,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
 from bridge.messages import payload_to_record, wire_bytes
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model

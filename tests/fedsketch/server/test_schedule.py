@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig

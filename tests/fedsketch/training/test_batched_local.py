@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.running.inprocess_grid import task_identity
+from bridge.flower import task_identity
 from tests.federation import TestGrid
 from fedsketch.client.cohort import run_cohort
 from fedsketch.compress.common import payload_nbytes
