@@ -70,8 +70,11 @@ class ListeningWatch:
         self.sockets: dict[tuple[IP, int], str] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._before: set[int] = set()
 
     def __enter__(self) -> Self:
+        # what another test left behind is that test's to answer for, not what this block starts
+        self._before = self._pids()
         self._thread.start()
         return self
 
@@ -81,6 +84,8 @@ class ListeningWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(0.2):
-            tagged = procs.processes_with_env(*self.tag) if self.tag else []
-            pids = procs.descendants({os.getpid()}) | set(tagged)
-            self.sockets.update(listening(pids))
+            self.sockets.update(listening(self._pids() - self._before))
+
+    def _pids(self) -> set[int]:
+        tagged = procs.processes_with_env(*self.tag) if self.tag else []
+        return procs.descendants({os.getpid()}) | set(tagged)
