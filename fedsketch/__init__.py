@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ConfigError", "CountSketch", "RunConfig"]
 __version__ = "0.1.0"
-_HOMES = {"ConfigError": "fedsketch.settings.setting", "RunConfig": "fedsketch.config", "CountSketch": "fedsketch.sketch.count_sketch"}
+_HOMES = {
+    "ConfigError": "fedsketch.settings.setting",
+    "RunConfig": "fedsketch.config",
+    "CountSketch": "fedsketch.sketch.count_sketch",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,9 @@ DECLARED: dict[str, Setting[Any]] = {s.key: s for m in METHODS for s in m.settin
 __all__ = ["DECLARED", "ConfigError", "RunConfig", "check_against_model"]
 
 
-TABLE: dict[str, dict[str, Any]] = tomllib.loads((Path(__file__).parent / "settings" / "settings.toml").read_text("utf-8"))
+TABLE: dict[str, dict[str, Any]] = tomllib.loads(
+    (Path(__file__).parent / "settings" / "settings.toml").read_text("utf-8")
+)
 """Every field's default and meaning, by key (fedsketch/settings/settings.toml)."""
 
 

@@ -19,6 +19,7 @@ from fedsketch.training.local import LocalSpec
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
+
 def make_model(cfg: RunConfig, data: FederatedData) -> nn.Module:
     """The run's model, initialised deterministically from the run seed."""
     return build(cfg, data.input_shape, data.num_classes).to(resolve_device(cfg.device))

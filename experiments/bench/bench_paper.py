@@ -84,7 +84,12 @@ PAPER = {
 """Issue 17's run: the paper's CIFAR-10 shape with a 5 x 500,000 sketch and k = 50,000."""
 SMALL = {"num-clients": 200, "clients-per-round": 10, "eval-every": 2, "sketch-cols": 5000, "k": 500}
 """``--small``: the same pipeline at a size a 2-core CPU runs in seconds a round."""
-LOCAL_TOPK = {"strategy": "local_topk", "local-topk-error": "client", "client-state": "disk", "max-client-state-mb": 2**20}
+LOCAL_TOPK = {
+    "strategy": "local_topk",
+    "local-topk-error": "client",
+    "client-state": "disk",
+    "max-client-state-mb": 2**20,
+}
 """``--strategy local_topk``: local top-k at FetchSGD's k, each client's error kept in a file of its own."""
 POOL = 50_000
 """Training images, whatever ``--clients`` is: CIFAR-10's, so memory compares client counts, not data sizes."""

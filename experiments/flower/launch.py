@@ -1,7 +1,7 @@
 """How a fedsketch run reaches Flower's simulation runtime: which runtime runs the federation it simulates.
 
 Two runtimes run the same ServerApp and ClientApp through Flower's simulation
-runtime, message for message (``tests/clients/runtime/test_simulation_backend.py`` compares
+runtime, message for message (``tests/bridge/runtime/test_simulation_backend.py`` compares
 their runs to the last byte):
 
 - ``process`` (the default): the runtime called in one process,

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from bridge.messages import model_record, payload_to_record, records_of, typed_record
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from bridge.messages import model_record, payload_to_record, records_of, typed_record
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 TINY = {
     "num-clients": 12,

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.listening import ListeningWatch, off_loopback
 
 from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
@@ -23,6 +22,7 @@ from experiments.deployment.pki import make_node_keys
 from experiments.flower.flower_procs import stop_group
 from experiments.running import runner
 from fedsketch.config import RunConfig
+from tests.listening import ListeningWatch, off_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.e2e.test_docs_deployment import DOC, TAG, Step, _environment, _stop, _wait_ready, steps
 
 pytestmark = pytest.mark.slow

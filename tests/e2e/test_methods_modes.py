@@ -27,11 +27,11 @@ import torch
 from flwr.app import Message
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 pytestmark = pytest.mark.slow  # 22 runs of two rounds: about 20 s on 2 cores
 

@@ -28,7 +28,9 @@ def test_the_wheel_holds_no_benchmark_test_or_tool(wheel: zipfile.ZipFile) -> No
     names = wheel.namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("fedsketch-")}
     assert tops == {"fedsketch", "strategies", "clients", "bridge", "experiments"}
-    assert not [n for n in names if n.startswith(("experiments/bench/", "experiments/studies/", "tests/")) or "/tools/" in n]
+    assert not [
+        n for n in names if n.startswith(("experiments/bench/", "experiments/studies/", "tests/")) or "/tools/" in n
+    ]
     assert "fedsketch/settings/settings.toml" in names and "experiments/configs/default.toml" in names
 
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from bridge.messages import model_record
 from bridge.flower import task_identity
+from bridge.messages import model_record
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, get_method
 from fedsketch.methods.method import payload_norm

@@ -17,8 +17,8 @@ import torch
 from flwr.app import Array, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from bridge.messages import records_of
 from bridge.flower import task_identity
+from bridge.messages import records_of
 from fedsketch.client.uploads import beyond_bound
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog
@@ -27,7 +27,15 @@ from strategies.strategy import FedSketchStrategy
 from tests.federation import TestGrid
 
 HOSTILE = 3  # the client id that scales its uploads
-SETTINGS = {"num-clients": 30, "clients-per-round": 10, "model-hidden": 32, "num-rounds": 8, "eval-every": 4, "k": 300, "sketch-cols": 1000}
+SETTINGS = {
+    "num-clients": 30,
+    "clients-per-round": 10,
+    "model-hidden": 32,
+    "num-rounds": 8,
+    "eval-every": 4,
+    "k": 300,
+    "sketch-cols": 1000,
+}
 
 
 def test_the_bound_is_relative_to_the_median() -> None:

@@ -19,11 +19,11 @@ from typing import cast
 import pytest
 from flwr.serverapp import Grid
 
-from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
 from strategies import plan
+from tests.federation import TestGrid
 
 NODES = [101, 102, 103]
 

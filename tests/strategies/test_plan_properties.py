@@ -16,9 +16,9 @@ from typing import cast
 
 from flwr.serverapp import Grid
 
-from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies import plan
+from tests.federation import TestGrid
 
 N, M, ROUNDS = 20, 5, 2000
 

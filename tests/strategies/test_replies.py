@@ -23,8 +23,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message import make_message
 
-from bridge.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
 from bridge.flower import task_identity
+from bridge.messages import add_failure, add_update, model_record, payload_to_record, records_of, wire_bytes
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import PayloadSpec

@@ -24,14 +24,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridge.messages import copy_content, model_record
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from bridge.messages import copy_content, model_record
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES as STRATEGIES
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 
 TINY = {
     "num-clients": 20,

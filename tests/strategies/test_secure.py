@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import checked_mean, quantization_error
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 20,

@@ -13,9 +13,9 @@ from flwr.superlink.grid import InMemoryGrid
 from experiments.cli import main
 from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
 from experiments.flower.superlink_run import connection_toml
-from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import poll_replies_sooner
+from tests.federation import TestGrid
 
 
 def test_simulation_grid_polls_for_replies_at_the_configured_interval() -> None:

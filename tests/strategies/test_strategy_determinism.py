@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 20,

@@ -12,14 +12,14 @@ import pytest
 from flwr.app import Array, ConfigRecord, Error, Message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from experiments.analysis.results import failed_replies
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from experiments.analysis.results import failed_replies
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData
 from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 20,

@@ -23,7 +23,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.data.run import load_data
 from fedsketch.model.flat import set_flat
@@ -31,6 +30,7 @@ from fedsketch.server.evaluate import evaluate
 from fedsketch.task import local_spec, make_model
 from fedsketch.training.local import client_generator, local_update
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 NODES = 4
 CFG = RunConfig.from_mapping(

@@ -22,9 +22,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from bridge.messages import record_to_payload, wire_bytes
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from bridge.messages import record_to_payload, wire_bytes
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd
 from fedsketch.compress.sparse import decode_support
@@ -33,6 +32,7 @@ from fedsketch.methods.fetchsgd import ERROR_FEEDBACK
 from fedsketch.methods.sketched_sgd import CANDIDATE_FACTOR
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 12,

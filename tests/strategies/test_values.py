@@ -20,12 +20,12 @@ from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import RunConfig
 from fedsketch.server.books import Books
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 from strategies.values import ServerValues
+from tests.federation import TestGrid
 
 BASE = {"num-clients": 12, "clients-per-round": 4, "model-hidden": 16, "k": 30, "num-rounds": 3, "eval-every": 1}
 

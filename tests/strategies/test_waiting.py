@@ -19,13 +19,13 @@ from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
-from bridge.messages import model_record
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from bridge.messages import model_record
 from fedsketch.config import RunConfig
 from strategies import waiting
 from strategies.server_app import build_strategy, poll_replies_sooner
 from strategies.waiting import DEPLOYMENT, WALL_CLOCK, PollSchedule, delay, pulls_within
+from tests.federation import TestGrid
 
 TINY = {
     "num-clients": 4,

@@ -34,12 +34,25 @@ def test_a_stale_snippet_is_refused_with_the_file_and_count(tmp_path: Path) -> N
     target = tmp_path / "fedsketch" / "sketch" / "count_sketch.py"
     target.parent.mkdir(parents=True)
     shutil.copy(ROOT / "fedsketch" / "sketch" / "count_sketch.py", target)
-    gone = Fault("stale", "fedsketch/sketch/count_sketch.py", "no such line", "x", ("tests/fedsketch/sketch/test_count_sketch.py",))
+    gone = Fault(
+        "stale",
+        "fedsketch/sketch/count_sketch.py",
+        "no such line",
+        "x",
+        ("tests/fedsketch/sketch/test_count_sketch.py",),
+    )
     with pytest.raises(
-        FaultListError, match=r"fault stale: the snippet 'no such line' occurs 0 times in fedsketch/sketch/count_sketch.py"
+        FaultListError,
+        match=r"fault stale: the snippet 'no such line' occurs 0 times in fedsketch/sketch/count_sketch.py",
     ):
         apply(gone, tmp_path)
-    twice = Fault("twice", "fedsketch/sketch/count_sketch.py", "return self", "return None", ("tests/fedsketch/sketch/test_count_sketch.py",))
+    twice = Fault(
+        "twice",
+        "fedsketch/sketch/count_sketch.py",
+        "return self",
+        "return None",
+        ("tests/fedsketch/sketch/test_count_sketch.py",),
+    )
     with pytest.raises(FaultListError, match=r"occurs \d+ times"):
         apply(twice, tmp_path)
     missing = Fault("missing", "fedsketch/gone.py", "a", "b", ("tests/fedsketch/sketch/test_count_sketch.py",))

@@ -16,7 +16,9 @@ def test_the_shipped_groups_name_real_files_and_each_module_once() -> None:
     groups = mr.load_groups()
     modules = [m for g in groups.values() for m in g.modules]
     assert len(modules) == len(set(modules))
-    assert {"fedsketch/sketch/count_sketch.py", "strategies/billing.py", "fedsketch/algorithms/fetchsgd.py"} <= set(modules)
+    assert {"fedsketch/sketch/count_sketch.py", "strategies/billing.py", "fedsketch/algorithms/fetchsgd.py"} <= set(
+        modules
+    )
 
 
 def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None:
@@ -34,7 +36,9 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:
     shared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
-    group = mr.Group("g", ("strategies/billing.py", "fedsketch/sketch/checks.py"), ("tests/strategies/test_billing.py",))
+    group = mr.Group(
+        "g", ("strategies/billing.py", "fedsketch/sketch/checks.py"), ("tests/strategies/test_billing.py",)
+    )
     settings = mr.mutmut_settings(shared, group)
     assert settings["source_paths"] == ["fedsketch/", "strategies/"]
     assert settings["also_copy"] == ["clients/", "experiments/"]
@@ -57,7 +61,9 @@ def test_a_pyproject_whose_mutmut_table_is_missing_or_not_last_is_refused() -> N
 def test_the_copy_holds_the_project_files_and_the_group_table(tmp_path: Path) -> None:
     group = mr.load_groups()["schedule"]
     copy = mr.prepare(group, ROOT, tmp_path)
-    assert (copy / "fedsketch" / "server" / "schedule.py").read_bytes() == (ROOT / "fedsketch" / "server" / "schedule.py").read_bytes()
+    assert (copy / "fedsketch" / "server" / "schedule.py").read_bytes() == (
+        ROOT / "fedsketch" / "server" / "schedule.py"
+    ).read_bytes()
     assert (copy / "tests" / "fedsketch" / "server" / "test_schedule.py").is_file()
     assert not (copy / ".venv").exists() and not (copy / ".git").exists()
     table = tomllib.loads((copy / "pyproject.toml").read_text())["tool"]["mutmut"]

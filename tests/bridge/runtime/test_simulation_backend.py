@@ -22,14 +22,14 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import ClientAppException
-from tests.listening import ListeningWatch, off_loopback
 
+from bridge.flower import task_identity
 from bridge.runtime import simulation_backend
 from bridge.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
 from experiments.flower.federation import default_backend
-from bridge.flower import task_identity
 from tests.conftest import ROOT, SESSION_TAG, flower_pids
+from tests.listening import ListeningWatch, off_loopback
 
 
 def _context(node_id: int = 1) -> Context:

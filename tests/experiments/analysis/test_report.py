@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 from flwr.serverapp import Grid
 
+from bridge.flower import task_identity
 from experiments.analysis.plots import PARETO, plot_experiment
 from experiments.analysis.report import write_report
 from experiments.analysis.results import RunGroup, bytes_to_target, pareto_front, reach, summarize
 from experiments.cli import main as fedsketch_main
 from experiments.running import runner
-from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.server import runlog
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 SWEEP = """
 [run]

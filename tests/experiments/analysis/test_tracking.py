@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from experiments.analysis import tracking
@@ -21,6 +20,13 @@ from fedsketch.config import RunConfig
 from fedsketch.server import runlog
 
 SHORT = ["--set", "num-rounds=2", "--set", "eval-every=1", "--set", "num-clients=20", "--set", "clients-per-round=4"]
+
+
+def mlflow_client(tracking_uri: str) -> Any:
+    """MLflow's own client (imported here: MLflow takes seconds to import, which every test run would pay)."""
+    from mlflow.tracking import MlflowClient as Client
+
+    return Client(tracking_uri=tracking_uri)
 
 
 def event_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -44,7 +50,7 @@ def hparams(folder: Path) -> dict[str, Any]:
 
 
 def mlflow_runs(out: Path, experiment: str) -> list[Any]:
-    client = MlflowClient(tracking_uri=tracking.mlflow_uri(out))
+    client = mlflow_client(tracking.mlflow_uri(out))
     found = client.get_experiment_by_name(experiment)
     return [] if found is None else client.search_runs([found.experiment_id])
 
@@ -81,7 +87,7 @@ def _row(rnd: int, strategy: str) -> dict[str, Any]:
 def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An MLflow store with its tables made: making them takes seconds, once per new out-dir."""
     folder = tmp_path_factory.mktemp("store")
-    MlflowClient(tracking_uri=tracking.mlflow_uri(folder)).search_experiments()
+    mlflow_client(tracking.mlflow_uri(folder)).search_experiments()
     return folder / tracking.MLFLOW_DB
 
 
@@ -119,7 +125,7 @@ def test_rows_reach_both_stores_with_their_values_and_byte_steps(out: Path) -> N
         (run,) = [r for r in mlflow_runs(out, "default") if r.info.run_name == runner.describe(cfg)]
         assert run.info.status == "FINISHED"
         assert run.data.params == {k: str(v) for k, v in cfg.to_mapping().items() if k != "tracking"}
-        client = MlflowClient(tracking_uri=tracking.mlflow_uri(out))
+        client = mlflow_client(tracking.mlflow_uri(out))
         for tag, points in want.items():  # MLflow keeps doubles: exactly the rows' values
             history = client.get_metric_history(run.info.run_id, tag)
             assert [(m.step, m.value) for m in history] == points, tag
@@ -218,6 +224,6 @@ def test_a_two_round_run_writes_what_metrics_jsonl_holds(tmp_path: Path, no_left
     (run,) = mlflow_runs(tmp_path, "default")
     assert (run.info.run_name, run.info.status) == ("fetchsgd seed 0", "FINISHED")
     assert run.data.params["k"] == str(cfg.k) and run.data.params["num-rounds"] == "2"
-    client = MlflowClient(tracking_uri=tracking.mlflow_uri(tmp_path))
+    client = mlflow_client(tracking.mlflow_uri(tmp_path))
     for tag, points in want.items():
         assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)] == points, tag

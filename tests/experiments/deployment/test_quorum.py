@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.deployment.deploy_commands import node_settings, quorum
 from bridge.flower import task_identity
+from experiments.deployment.deploy_commands import node_settings, quorum
 from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy

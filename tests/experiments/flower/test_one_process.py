@@ -84,4 +84,6 @@ def test_each_backend_runs_the_components_the_app_names_and_the_clientapp_a_stag
     assert simulation.components(root, clientapp_for("ray")) == ("strategies.server_app:app", "clients.client_app:app")
     assert simulation.components(root, clientapp_for("inprocess")) == ("strategies.server_app:app", INPROCESS_CLIENTAPP)
     staged = stage_app(root, tmp_path / "app", INPROCESS_CLIENTAPP)  # what --runtime superlink submits
-    assert simulation.components(staged, clientapp_for("ray")) == simulation.components(root, clientapp_for("inprocess"))
+    assert simulation.components(staged, clientapp_for("ray")) == simulation.components(
+        root, clientapp_for("inprocess")
+    )

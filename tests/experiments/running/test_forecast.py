@@ -13,6 +13,7 @@ import pytest
 import torch
 from flwr.serverapp import Grid
 
+from bridge.flower import task_identity
 from experiments.analysis.results import format_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.running import runner
@@ -28,14 +29,13 @@ from experiments.running.forecast import (
     sketch_note,
     table,
 )
-from bridge.flower import task_identity
-from tests.federation import TestGrid
 from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch.config import RunConfig
 from fedsketch.methods import NAMES
 from fedsketch.server import runlog
 from fedsketch.validate import client_state_bytes
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT = RunConfig.from_mapping({"sketch-rows": 3, "sketch-cols": 9000, "k": 3000, "num-rounds": 250})

@@ -22,9 +22,9 @@ import pytest
 import torch
 from flwr.app import Message
 
+from bridge.flower import task_identity
 from bridge.messages import payload_to_record, wire_bytes
 from experiments.analysis.plots_fidelity import FIGURE, plot_fidelity
-from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd, fidelity
 from fedsketch.config import ConfigError, RunConfig

@@ -20,10 +20,10 @@ import torch
 from flwr.app import Message
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 12,

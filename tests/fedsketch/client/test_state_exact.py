@@ -19,12 +19,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.methods import METHODS
 from strategies.plan import sample_clients
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 STATEFUL = [m.name for m in METHODS if m.client.state_vectors(RunConfig.from_mapping({"strategy": m.name}))]
 TINY = {

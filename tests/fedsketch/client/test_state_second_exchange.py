@@ -19,8 +19,8 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from clients.client_app import ContextStates
 from bridge.flower import task_identity
+from clients.client_app import ContextStates
 from fedsketch import wire
 from fedsketch.algorithms import sketched_sgd
 from fedsketch.client import state as client_state

@@ -16,14 +16,14 @@ import torch
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from bridge.messages import payload_bytes, payload_to_record, wire_bytes
 from bridge.flower import task_identity
-from tests.federation import TestGrid
+from bridge.messages import payload_bytes, payload_to_record, wire_bytes
 from fedsketch.algorithms.aggregate import weighted_mean
 from fedsketch.client.uploads import merge, mergeable
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 from tests.method_helpers import encode
 
 BASE = {"num-clients": 12, "clients-per-round": 6, "model-hidden": 16, "k": 30, "num-rounds": 3, "eval-every": 1}
@@ -152,4 +152,6 @@ def test_a_node_merges_on_the_gpu_as_on_the_cpu() -> None:
     spec = {"table": ((5, 500_000), np.dtype(np.float32))}
     weights = [5, 3, 5, 1, 5, 5, 2, 5, 4]
     on_gpu = merge(payloads, weights, spec, torch.device("cuda"))["table"]
-    np.testing.assert_allclose(on_gpu, merge(payloads, weights, spec, torch.device("cpu"))["table"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        on_gpu, merge(payloads, weights, spec, torch.device("cpu"))["table"], rtol=1e-5, atol=1e-6
+    )

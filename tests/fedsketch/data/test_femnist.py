@@ -11,7 +11,7 @@ from PIL import Image
 
 datasets = pytest.importorskip("datasets", reason="FEMNIST is read through Hugging Face's datasets")
 
-from fedsketch.data import DataSpec, load_federated  # noqa: E402
+from fedsketch.data import DataSpec, load_federated
 
 WRITERS = ["f0003_10", "f0001_41", "f0007_22", "f0002_05", "f0005_33"]
 PER_WRITER = 20

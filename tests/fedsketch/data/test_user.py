@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +22,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "example"
 
 @pytest.fixture
 def lab(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The example package (tests/example/mylab) importable, as from its own folder."""
+    """The example package (tests/example/mylab) importable, as from its own folder (a copy an earlier test
+    imported from elsewhere is forgotten for the test)."""
+    for name in [n for n in sys.modules if n == "mylab" or n.startswith("mylab.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(EXAMPLE))
     return EXAMPLE
 

@@ -22,9 +22,9 @@ import torch
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
+from bridge.flower import task_identity
 from bridge.messages import read_request, record_to_payload
 from experiments.cli import main as fedsketch_main
-from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.client.state import state_root
 from fedsketch.compress.topk import decompress

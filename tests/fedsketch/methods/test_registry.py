@@ -97,9 +97,7 @@ def _checked(layout: Layout, payload: Payload) -> object:
 
 
 def test_pyproject_and_the_settings_page_list_every_declared_setting() -> None:
-    assert settings_doc(["--check"]) == 0, (
-        "docs/settings.md is out of date: run python -m tests.tools.settings_doc"
-    )
+    assert settings_doc(["--check"]) == 0, "docs/settings.md is out of date: run python -m tests.tools.settings_doc"
     text = (ROOT / "pyproject.toml").read_text()
     for key in DECLARED:
         assert f"\n{key} = " in text, f"pyproject.toml's [tool.flwr.app.config] lacks {key}"

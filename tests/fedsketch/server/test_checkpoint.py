@@ -13,12 +13,12 @@ import torch
 from flwr.app import Message
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.server import checkpoint
 from fedsketch.server.checkpoint import CheckpointError
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 20,

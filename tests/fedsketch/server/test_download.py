@@ -16,8 +16,8 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
-from bridge.messages import payload_to_record, wire_bytes
 from bridge.flower import task_identity
+from bridge.messages import payload_to_record, wire_bytes
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model

@@ -18,11 +18,11 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from fedsketch.server.schedule import SCHEDULES, lr_at
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 ROUNDS = (1, 2, 3, 7, 250)
 BASE = 0.3

@@ -11,7 +11,6 @@ import torch
 from torch.nn import functional as F
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data.run import load_data
@@ -21,6 +20,7 @@ from fedsketch.model.models import build_model
 from fedsketch.task import make_model
 from fedsketch.training.batched import ClientBatch, functional_copy, per_client_gradients
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 SETTINGS = {
     "num-clients": 12,

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from bridge.flower import task_identity
-from tests.federation import TestGrid
 from fedsketch.client.cohort import run_cohort
 from fedsketch.compress.common import payload_nbytes
 from fedsketch.config import RunConfig
@@ -33,6 +32,7 @@ from fedsketch.task import make_model
 from fedsketch.training.batched import LocalClient, functional_copy, per_client_local_training
 from fedsketch.training.local import LocalSpec, local_update
 from strategies.server_app import build_strategy
+from tests.federation import TestGrid
 
 SIZES = [12, 12, 5, 8, 3, 12, 20, 5, 1]
 """Batch 8: five clients draw 8 of theirs each step (n > 8, or n = 8: all), the others use all 5, 3 or 1 every step."""
