@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -173,3 +174,97 @@ def test_any_valid_split_is_a_partition_or_a_clear_error(
         assert max(part.size for part in parts) <= cap
     if partition == "pathological":
         assert max(len(np.unique(labels[part])) for part in parts) <= per_client
+
+
+def balanced_share(parts: list[np.ndarray], labels: np.ndarray, m: int) -> float:
+    """The share of classes (``m`` samples each) that the first of two clients holds 40-60 % of."""
+    held = np.bincount(labels[parts[0]], minlength=labels.max() + 1) / m
+    return float(np.mean(np.abs(held - 0.5) <= 0.1 + 1e-9))
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0])
+def test_dirichlet_splits_each_class_by_a_dirichlet_draw(alpha: float) -> None:
+    """The first of two clients holds a Beta(alpha, alpha) share of each class: as often balanced as numpy's draws."""
+    m, classes = 20, 3000
+    labels = np.repeat(np.arange(classes), m)
+    parts = partition_labels(labels, DataSpec(partition="dirichlet", num_clients=2, alpha=alpha, seed=3))
+    draws = np.random.default_rng(0).dirichlet([alpha, alpha], 200_000)[:, 0]
+    assert balanced_share(parts, labels, m) == pytest.approx(
+        np.mean(np.abs(np.rint(draws * m) / m - 0.5) <= 0.1 + 1e-9), abs=0.02
+    )
+
+
+def test_dirichlet_with_a_large_alpha_splits_every_class_evenly() -> None:
+    labels = np.repeat(np.arange(50), 40)
+    parts = partition_labels(labels, DataSpec(partition="dirichlet", num_clients=2, alpha=1e4))
+    held = np.bincount(labels[parts[0]], minlength=50)
+    assert held.min() >= 18 and held.max() <= 22
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dirichlet_with_a_vanishing_alpha_gives_each_class_whole_to_one_client(seed: int) -> None:
+    """Every gamma draw underflows to 0: the split is Dir's limit, one vertex per class."""
+    labels = np.repeat(np.arange(6), 30)
+    parts = partition_labels(labels, DataSpec(partition="dirichlet", num_clients=3, alpha=1e-9, seed=seed))
+    owner = np.empty(labels.size, dtype=np.int64)
+    for cid, part in enumerate(parts):
+        owner[part] = cid
+    for cls in range(6):  # whole, but for the single samples handed to clients left empty
+        assert np.bincount(owner[labels == cls], minlength=3).max() >= 30 - 2
+
+
+def test_dirichlet_leaves_no_client_empty_over_many_seeds_and_ties_give_at_random() -> None:
+    """Two classes of two samples, three clients, alpha ~ 0: each class lands whole on a client, and a client left
+    empty gets one sample from a largest client, ties broken at random; so each client ends with two samples in a
+    third of the seeds (giving in client-id order, the first client would keep two in a ninth)."""
+    labels = np.array([0, 0, 1, 1])
+    keeps = np.zeros(3)
+    for seed in range(300):
+        parts = partition_labels(labels, DataSpec(partition="dirichlet", num_clients=3, alpha=1e-9, seed=seed))
+        sizes = np.array([part.size for part in parts])
+        assert sizes.min() == 1 and sizes.sum() == 4
+        keeps += sizes == 2
+    assert keeps / 300 == pytest.approx([1 / 3] * 3, abs=0.08)
+
+
+def test_every_clients_indices_are_sorted() -> None:
+    labels = _labels(20_000, 10)
+    for partition in LABEL_PARTITIONS:
+        for part in partition_labels(labels, DataSpec(partition=partition, num_clients=5, alpha=0.5)):
+            assert np.all(np.diff(part) > 0), partition
+
+
+def test_the_boundaries_of_what_a_partition_can_give() -> None:
+    """As many samples as clients, one sample, shards of one sample, classes held exactly once or by everyone."""
+    assert [p.tolist() for p in partition_labels(np.array([4]), DataSpec(partition="iid", num_clients=1))] == [[0]]
+    parts = partition_labels(_labels(9, 3), DataSpec(partition="iid", num_clients=9))
+    assert sorted(p.tolist() for p in parts) == [[i] for i in range(9)]
+    parts = partition_labels(_labels(12, 3), DataSpec(partition="shards", num_clients=4, shards_per_client=3))
+    assert [p.size for p in parts] == [3, 3, 3, 3]
+    labels = _labels(100, 10)
+    once = partition_labels(labels, DataSpec(partition="pathological", num_clients=5, classes_per_client=2))
+    assert sorted(c for p in once for c in set(labels[p].tolist())) == list(range(10))  # each class held once
+    everyone = partition_labels(labels, DataSpec(partition="pathological", num_clients=3, classes_per_client=10))
+    assert all(set(labels[p].tolist()) == set(range(10)) for p in everyone)
+
+
+def test_refusals_name_the_problem_in_full() -> None:
+    labels = np.zeros(4, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^labels must be a non-empty 1-D array; got shape \(0,\)$"):
+        partition_labels(np.zeros(0, dtype=np.int64), DataSpec(partition="iid", num_clients=1))
+    with pytest.raises(ValueError) as err:
+        partition_labels(labels, DataSpec(partition="natural", num_clients=1))
+    assert str(err.value) == (
+        "partition 'natural' needs the data's own client ids; this dataset has none, "
+        "choose iid, dirichlet, pathological or shards"
+    )
+    with pytest.raises(ValueError, match=r"^client_ids has shape \(3,\); expected one id per sample \(4,\)$"):
+        partition_labels(labels, DataSpec(partition="natural", num_clients=1), np.array([1, 2, 3]))
+    tiny = np.r_[0, np.ones(99, dtype=np.int64)]  # class 0: one sample for its eight holders
+    with pytest.raises(ValueError, match=r"^partition 'pathological' leaves 7 of 16 clients without samples \(first: "):
+        partition_labels(tiny, DataSpec(partition="pathological", classes_per_client=1, num_clients=16))
+    try:
+        partition_labels(tiny, DataSpec(partition="pathological", classes_per_client=1, num_clients=16))
+    except ValueError as error:
+        first = str(error).split("(first: ")[1].split(")")[0]
+        assert len(json.loads(first)) == 5
