@@ -22,6 +22,7 @@ def _fab_files(app_dir: Path) -> dict[str, bytes]:
     return {rel: src if isinstance(src, bytes) else src.read_bytes() for rel, src in picked.items()}
 
 
+@pytest.mark.slow  # walks the whole project as Flower's packer does: about 10 s
 def test_the_staged_app_holds_the_files_flower_would_pack_and_nothing_else(tmp_path: Path) -> None:
     staged = stage_app(ROOT, tmp_path / "app")
     assert staged == tmp_path / "app"
