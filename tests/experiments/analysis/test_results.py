@@ -7,12 +7,16 @@ is recomputed from the rows by a reference written in this file (numpy, brute fo
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import experiments
 from experiments.analysis.results import (
     RunGroup,
     Spread,
@@ -279,3 +283,20 @@ def test_the_failure_reason_is_the_last_exception_the_log_records(tmp_path: Path
     assert failure_reason(tmp_path) == "Error: plain"
     log.write_text("INFO: all well\n")
     assert failure_reason(tmp_path) == ""
+
+
+def test_the_failure_reason_is_read_as_utf_8_under_any_locale(tmp_path: Path) -> None:
+    """flower.log is UTF-8: a process under an ASCII locale (no UTF-8 mode) reads a non-ASCII reason the same."""
+    want = "ValueError: données perdues à 2 GiB"
+    (tmp_path / "flower.log").write_text(want + "\n", encoding="utf-8")
+    assert failure_reason(tmp_path) == want
+    root = Path(experiments.__file__).resolve().parents[1]  # the code under test, wherever it was imported from
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(root)}
+    code = (
+        "import sys; from pathlib import Path; from experiments.analysis.results import failure_reason; "
+        "print(ascii(failure_reason(Path(sys.argv[1]))))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=False, cwd=root, env=env, capture_output=True, text=True
+    )
+    assert (run.returncode, run.stdout.strip()) == (0, ascii(want)), run.stderr[-2000:]
