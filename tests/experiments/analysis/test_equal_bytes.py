@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments.analysis import equal_bytes
-from experiments.analysis.results import collect_groups
+from experiments.analysis.results import RunGroup, Spread, collect_groups
 from tests.run_folders import MB, two_methods, write_seed
 
 
@@ -92,5 +93,129 @@ def test_a_method_reaches_the_target_only_if_every_seed_does(tmp_path: Path) -> 
 
 
 def test_nothing_to_compare_is_an_error() -> None:
-    with pytest.raises(ValueError, match="no run groups"):
+    with pytest.raises(ValueError, match="^nothing to compare: no run groups$"):
         equal_bytes.compare([])
+
+
+def _curve(rng: np.random.Generator, strategy: str, seed: int) -> list[dict]:
+    """Evaluated rounds with growing cumulative bytes and an accuracy that wanders."""
+    n = int(rng.integers(1, 6))
+    up, down = np.cumsum(rng.integers(1, 10**6, size=n)), np.cumsum(rng.integers(1, 10**6, size=n))
+    return [
+        {
+            "round": i + 1,
+            "strategy": strategy,
+            "seed": seed,
+            "test_accuracy": round(float(rng.random()), 2),
+            "cum_upload_bytes": int(up[i]),
+            "cum_download_bytes": int(down[i]),
+            "cum_dense_upload_bytes": int(10 * up[i]),
+        }
+        for i in range(n)
+    ]
+
+
+def _at(rows: list[dict], budget: float) -> float:
+    """Reference: the accuracy of the last row spending at most the budget, 0 before the first."""
+    totals = np.array([r["cum_upload_bytes"] + r["cum_download_bytes"] for r in rows])
+    within = np.flatnonzero(totals <= budget)
+    return float(rows[int(within[-1])]["test_accuracy"]) if within.size else 0.0
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return float(np.mean(values)), float(np.min(values)), float(np.max(values))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_entry_is_read_at_the_smallest_spend_and_ninety_percent_of_the_best_final(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    strategies = ["fetchsgd", "fedavg", "local_topk", "true_topk"][: int(rng.integers(1, 5))]
+    groups = [
+        RunGroup(s, "", tuple(tuple(_curve(rng, s, k)) for k in range(int(rng.integers(1, 4))))) for s in strategies
+    ]
+    cmp = equal_bytes.compare(groups, {"fedavg": "FedAvg"})
+    final = {g.strategy: [rows[-1] for rows in g.seeds] for g in groups}
+    assert cmp.budget == min(r["cum_upload_bytes"] + r["cum_download_bytes"] for rs in final.values() for r in rs)
+    assert cmp.target == pytest.approx(0.9 * max(np.mean([r["test_accuracy"] for r in rs]) for rs in final.values()))
+    for g, e in zip(groups, cmp.entries, strict=True):
+        assert (e.name, e.strategy, e.seeds) == (
+            "FedAvg" if g.strategy == "fedavg" else g.strategy,
+            g.strategy,
+            len(g.seeds),
+        )
+        assert _spread_of(e.final) == pytest.approx(_spread([r["test_accuracy"] for r in final[g.strategy]]))
+        totals = [r["cum_upload_bytes"] + r["cum_download_bytes"] for r in final[g.strategy]]
+        assert _spread_of(e.total) == pytest.approx(_spread(totals))
+        assert _spread_of(e.at_budget) == pytest.approx(_spread([_at(list(rows), cmp.budget) for rows in g.seeds]))
+        reached = [next((r for r in rows if r["test_accuracy"] >= cmp.target), None) for rows in g.seeds]
+        if None in reached:
+            assert e.to_target is None
+        else:
+            spent = [r["cum_upload_bytes"] + r["cum_download_bytes"] for r in reached if r]
+            assert e.to_target is not None and _spread_of(e.to_target) == pytest.approx(_spread(spent))
+    means = [e.at_budget.mean for e in cmp.entries]
+    assert cmp.best_at_budget() is cmp.entries[means.index(max(means))]  # the first listed on a tie
+    assert cmp.separated() == all(
+        cmp.best_at_budget().at_budget.low > e.at_budget.high for e in cmp.entries if e is not cmp.best_at_budget()
+    )
+
+
+def _spread_of(s: Spread) -> tuple[float, float, float]:
+    return s.mean, s.low, s.high
+
+
+def _entry(
+    name: str, at_budget: tuple[float, float, float], to_target: float | None, seeds: int = 2
+) -> equal_bytes.Entry:
+    band = Spread(*at_budget)
+    reached = None if to_target is None else Spread(to_target, to_target, to_target)
+    return equal_bytes.Entry(name, name, seeds, band, Spread(1.0, 1.0, 1.0), band, reached)
+
+
+def test_ties_go_to_the_first_listed_and_every_overlapping_band_is_named() -> None:
+    entries = (
+        _entry("a", (0.5, 0.4, 0.6), 3e6),
+        _entry("b", (0.5, 0.45, 0.55), 2e6),
+        _entry("c", (0.3, 0.2, 0.4), 2e6),
+        _entry("d", (0.35, 0.3, 0.39), None),
+    )
+    cmp = equal_bytes.Comparison(1e6, 0.5, entries)
+    assert cmp.best_at_budget() is entries[0] and cmp.fewest_to_target() is entries[1]
+    assert cmp.level_with_leader() == [entries[1], entries[2]]  # c's high touches a's low: not ahead on every seed
+    assert cmp.margin() == " (seed bands overlap with b, c)" and not cmp.separated()
+    assert equal_bytes.Comparison(1e6, 0.5, entries[2:]).fewest_to_target() is entries[2]
+    assert equal_bytes.Comparison(1e6, 0.5, entries[3:]).fewest_to_target() is None
+    one = equal_bytes.Comparison(1e6, 0.5, (_entry("a", (0.5,) * 3, None, 1), _entry("b", (0.5,) * 3, None, 1)))
+    assert one.margin() == " (tied with b)"
+    mixed = equal_bytes.Comparison(1e6, 0.5, (_entry("a", (0.5,) * 3, None, 1), _entry("b", (0.5, 0.4, 0.6), None)))
+    assert mixed.margin() == " (seed bands overlap with b's)"
+
+
+def test_a_lone_method_is_measured_against_no_one() -> None:
+    alone = equal_bytes.Comparison(2e6, 0.45, (_entry("fetchsgd", (0.5, 0.5, 0.5), 1e6),))
+    assert alone.sentence() == (
+        "At equal total bytes (2 MB up + down, the smallest run's spend) fetchsgd leads with 0.5000; "
+        "fetchsgd reaches 0.4500 (90% of the best final) on the fewest bytes (1 MB)."
+    )
+    assert alone.margin() == "" and alone.separated()
+
+
+def test_the_sentence_against_fetchsgd_when_it_does_not_reach_the_target() -> None:
+    entries = (_entry("fedavg", (0.6, 0.6, 0.6), 4e6), _entry("fetchsgd", (0.4, 0.4, 0.4), None))
+    entries += (_entry("local_topk", (0.5, 0.5, 0.5), 3e6),)
+    assert equal_bytes.Comparison(5e6, 0.55, entries).sentence() == (
+        "At equal total bytes (5 MB up + down, the smallest run's spend) fedavg leads with 0.6000 against "
+        "fetchsgd's 0.4000; local_topk reaches 0.5500 (90% of the best final) on the fewest bytes (3 MB; "
+        "fetchsgd: not reached)."
+    )
+    nobody = equal_bytes.Comparison(5e6, 0.95, (_entry("fedavg", (0.6,) * 3, None), entries[1]))
+    assert nobody.sentence().endswith("; no method reaches 0.9500 (90% of the best final) on every seed.")
+    rest = equal_bytes.Comparison(5e6, 0.55, (entries[0], entries[2]))
+    assert rest.sentence().endswith(
+        "local_topk reaches 0.5500 (90% of the best final) on the fewest bytes (3 MB; fedavg: 4 MB)."
+    )
+
+
+def test_without_fetchsgd_the_sentence_names_the_next_fewest_bytes_to_the_target() -> None:
+    entries = tuple(_entry(n, (0.5, 0.5, 0.5), b) for n, b in (("a", 1e6), ("b", 3e6), ("c", 2e6), ("d", None)))
+    assert equal_bytes.Comparison(5e6, 0.45, entries).sentence().endswith("on the fewest bytes (1 MB; c: 2 MB).")
