@@ -93,3 +93,47 @@ def test_the_console_says_after_which_round_a_run_resumes(tmp_path: Path) -> Non
     assert out.getvalue().count("fetchsgd seed 0: resuming after round 4") == 1
     runlog.clear_status(tmp_path)
     assert runlog.resumed_after(tmp_path) is None
+
+
+MAY_CHANGE = [
+    "out-dir",
+    "checkpoint-every",
+    "round-timeout",
+    "reply-poll-s",
+    "object-retry-s",
+    "min-nodes",
+    "device",
+    "client-state",
+    "eval-every",
+    "tracking",
+]
+
+
+def test_exactly_the_settings_that_change_no_result_may_differ_and_each_other_is_named_with_both_values() -> None:
+    saved = RunConfig.from_mapping({}).to_mapping()
+    assert sorted(resumable.RUNTIME_KEYS) == sorted(MAY_CHANGE)
+    for key in MAY_CHANGE:
+        assert resumable.differences(saved, {**saved, key: "changed"}) == [], key
+        assert resumable.differences({**saved, key: "changed"}, saved) == [], key
+    assert resumable.fingerprint(saved) == {k: v for k, v in saved.items() if k not in MAY_CHANGE}
+    for key, value in saved.items():
+        if key not in MAY_CHANGE:
+            assert resumable.differences(saved, {**saved, key: "changed"}) == [(key, value, "changed")]
+
+
+def test_differences_are_sorted_by_setting_and_say_which_side_lacks_one() -> None:
+    saved = {"seed": 0, "lr": 0.1, "k": 5, "gone": None, "device": "cpu"}
+    current = {"seed": 1, "lr": 0.2, "k": 5, "new": 3, "device": "cuda"}
+    assert resumable.differences(saved, current) == [
+        ("lr", 0.1, 0.2),
+        ("new", "(unset)", 3),
+        ("seed", 0, 1),
+    ]  # None and unset are one: a setting added later with no value changes nothing
+    assert resumable.differences({"gone": 1}, {}) == [("gone", 1, "(unset)")]
+
+
+def test_the_description_quotes_the_first_six_differences() -> None:
+    found = [(f"s{i}", i, str(i + 1)) for i in range(8)]
+    assert resumable.describe(found[:2]) == "'s0' 0 -> '1'; 's1' 1 -> '2'"
+    assert resumable.describe(found) == "; ".join(f"'s{i}' {i} -> '{i + 1}'" for i in range(6))
+    assert resumable.describe(found, limit=1) == "'s0' 0 -> '1'"
