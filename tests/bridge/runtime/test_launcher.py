@@ -158,15 +158,7 @@ def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supern
     port, tag = free_port(), {TAG: str(tmp_path)}
     node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)
     log = tmp_path / "device.log"
-    with open(log, "wb") as out:
-        device = subprocess.Popen(
-            [sys.executable, *node_cmd[1:]],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**flower_env(tmp_path / "node"), **tag},
-            start_new_session=True,
-        )
+    device = _start_device(node_cmd, log, tmp_path, tag)
     link: subprocess.Popen[bytes] | None = None
     try:
         _wait_for(log, f"launcher: waiting for the SuperLink at 127.0.0.1:{port}", device)
@@ -188,6 +180,19 @@ def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supern
             if proc is not None:
                 stop_group(proc)
         stop_carrying(TAG, str(tmp_path), 5.0)
+
+
+def _start_device(node_cmd: list[str], log: Path, tmp_path: Path, tag: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The device's launcher and SuperNode (``node_cmd`` run by this Python), its output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, *node_cmd[1:]],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**flower_env(tmp_path / "node"), **tag},
+            start_new_session=True,
+        )
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 120.0, count: int = 1) -> None:
@@ -250,15 +255,7 @@ def test_a_plain_text_device_against_a_tls_superlink_is_told_so_within_30_s(
             )
         wait_healthy_tls(f"127.0.0.1:{port}", certs.ca_cert, link, tmp_path / "superlink.log", timeout=60.0)
         node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)  # --insecure: plain text
-        with open(log, "wb") as out:
-            device = subprocess.Popen(
-                [sys.executable, *node_cmd[1:]],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**flower_env(tmp_path / "node"), **tag},
-                start_new_session=True,
-            )
+        device = _start_device(node_cmd, log, tmp_path, tag)
         started = time.monotonic()
         _wait_for(log, "Is the SuperLink using TLS? It is", device, timeout=60.0)
         took = time.monotonic() - started
@@ -308,15 +305,7 @@ def test_a_device_whose_superlink_restarted_without_its_state_rejoins_by_itself(
 
     link = superlink("superlink.log")
     try:
-        with open(log, "wb") as out:
-            device = subprocess.Popen(
-                [sys.executable, *node_cmd[1:]],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**flower_env(tmp_path / "node"), **tag},
-                start_new_session=True,
-            )
+        device = _start_device(node_cmd, log, tmp_path, tag)
         _wait_for(log, "launcher ready", device)
         link.kill()
         link.wait()
