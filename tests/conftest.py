@@ -22,8 +22,18 @@ SPARE_NAME = "fedsketch-sim"  # experiments/flower/spare.py's NAME: its command 
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
 LEFTOVER_GRACE_S = 10.0
 """How long a process found at the end of a test may take to exit by itself before it counts as left behind."""
+# Commands started by tests record their tokens in FEDSKETCH_STATE_DIR, not in the user's state folder
+# (experiments/running/stopping.py). Each pytest-xdist worker (``-n 2``) is a session of its own: its own tag
+# and state folder, so that one worker's checks never count, or stop, what the other started.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ[SESSION_TAG] = f"{os.getpid()}-{WORKER}"
+    os.environ["FEDSKETCH_STATE_DIR"] = tempfile.mkdtemp(prefix=f"fedsketch-test-state-{WORKER}-")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # two workers on two cores: one thread each, not two
+    import torch
+
+    torch.set_num_threads(1)
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
-# Commands started by tests record their tokens here, not in the user's state folder (experiments/running/stopping.py).
 os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
 
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedsketch.data.flwr_partition import FLWR_PARTITIONS
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.settings import entry
+
+if TYPE_CHECKING:
+    import torch
 
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards", *FLWR_PARTITIONS)
 
@@ -188,6 +190,8 @@ class FederatedData:
     name: str
 
     def __post_init__(self) -> None:
+        import torch  # here, not at the top: a run's settings are checked without torch
+
         for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
             if x.dtype != torch.float32 or y.dtype != torch.int64:
                 raise ValueError(f"{split} data must be float32 samples and int64 labels; got {x.dtype}, {y.dtype}")
@@ -233,5 +237,7 @@ class FederatedData:
             raise ValueError(
                 f"client id {cid} out of range: {self.name} has {self.num_clients} clients (0..{self.num_clients - 1})"
             )
+        import torch
+
         idx = torch.tensor(self.client_indices[int(cid)])  # a copy: the array is read-only
         return self.train_x[idx], self.train_y[idx]
