@@ -35,12 +35,19 @@ _WITH_TORCH = {
 
 __all__ = [
     "DATASETS",
+    "NORMALIZATION",
     "PARTITIONS",
     "DataSpec",
     "FederatedData",
+    "from_arrays",
+    "from_idx_files",
     "generate_synthetic",
+    "load_federated",
+    "load_idx",
+    "load_idx_images",
+    "load_idx_labels",
+    "normalize",
     "partition_labels",
-    *_WITH_TORCH,
 ]
 
 

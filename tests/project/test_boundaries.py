@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +76,11 @@ def test_flowers_modules_are_named_by_string_in_bridge_only() -> None:
         if not match.strip("\"'").startswith(("flwr.app", "flwr.clientapp", "flwr.serverapp", "flwr.simulation"))
     ]
     assert offenders == []
+
+
+def test_a_data_spec_is_read_without_torch() -> None:
+    """``fedsketch.data`` imports its torch loaders on first use: a spec, the registry and the partitioners do not
+    need torch (a step toward settings checked without it)."""
+    probe = "import sys, fedsketch.data, fedsketch.data.spec, fedsketch.data.registry; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"

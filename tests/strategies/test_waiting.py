@@ -171,3 +171,83 @@ def test_a_round_with_a_late_node_counts_every_client_and_pulls_until_its_reply(
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["clients"], r["timeouts"]) for r in rows] == [(4, 0), (4, 0)]
     assert grid.pulls == 2 * 4
+
+
+BOUNDED = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=2.0**-4, ids_per_s=16.0)
+"""Its cap doubles from one missing reply to two (1/16 s, then 2/16 s): the waits tell how many were counted."""
+
+
+def test_a_schedule_takes_any_finite_factor_and_any_positive_bound() -> None:
+    with pytest.raises(ValueError, match=r"poll schedule needs a finite factor >= 1; got inf"):
+        PollSchedule(factor=float("inf"))
+    assert PollSchedule(ids_per_s=0.5).cap_for(1) == 2.0  # a bound under one id a second is a bound too
+    with pytest.raises(ValueError, match=r"empty_pulls must be >= 0; got -1"):
+        delay(EXACT, -1)
+
+
+def test_one_missing_reply_is_what_a_delay_and_a_pull_count_assume_unless_told() -> None:
+    assert delay(BOUNDED, 10) == delay(BOUNDED, 10, 1) == 1 / 16 < delay(BOUNDED, 10, 2) == 1 / 8
+    assert pulls_within(BOUNDED, 2.0) == pulls_within(BOUNDED, 2.0, 1) > pulls_within(BOUNDED, 2.0, 2)
+
+
+def test_the_first_pull_is_at_the_push_and_the_last_at_the_timeout() -> None:
+    assert pulls_within(EXACT, 0.0) == 1  # no time: the pull right after the push, and no wait
+    assert pulls_within(EXACT, 1 / 64) == 2  # one wait of first_s reaches the timeout: one more pull
+    assert pulls_within(EXACT, 3 / 64) == 3
+
+
+class _Recording:
+    """A grid that records the ids each pull asks for."""
+
+    def __init__(self, grid: TestGrid) -> None:
+        self.grid, self.asked, self.sent = grid, [], {}
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        ids = self.grid.push_messages(messages)
+        self.sent = {m.metadata.dst_node_id: mid for m, mid in zip(messages, ids, strict=True)}
+        return ids
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        self.asked.append(list(message_ids))
+        return self.grid.pull_messages(self.asked[-1])
+
+
+def test_each_pull_asks_for_exactly_the_replies_still_missing_and_no_timeout_waits_for_all() -> None:
+    grid = _grid(late={101: 2, 102: 5})
+    with task_identity():
+        requests = _requests(grid)
+        recording = _Recording(grid)
+        replies = waiting.send_and_receive(recording, requests, timeout=None, schedule=EXACT, clock=grid.clock)
+    ids, by_node = sorted(recording.sent.values()), recording.sent
+    assert sorted(r.metadata.src_node_id for r in replies) == [101, 102]
+    assert recording.asked == [ids, ids, [by_node[102]], [by_node[102]], [by_node[102]]]
+
+
+def test_a_wait_counts_every_missing_reply_toward_its_cap() -> None:
+    """Two replies missing: the waits grow to 2 / ids_per_s, not to the one-reply cap."""
+    grid = _grid(tamper=lambda requests, replies: [])
+    with task_identity():
+        waiting.send_and_receive(grid, _requests(grid), timeout=1.0, schedule=BOUNDED, clock=grid.clock)
+    assert max(grid.time.waits) == 1 / 8
+
+
+class _SimulationGrid(InMemoryGrid):
+    """Flower's simulation grid as the wait sees it (its type and interval), replying as ``grid`` does."""
+
+    def __init__(self, grid: TestGrid, interval: float) -> None:  # no LinkState: the replies are grid's
+        self.grid, self.pull_interval = grid, interval
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def, override]
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def, override]
+        return self.grid.pull_messages(message_ids)
+
+
+def test_without_a_schedule_a_wait_on_the_simulation_grid_keeps_its_interval() -> None:
+    grid = _grid(late={102: 4})
+    with task_identity():
+        requests = _requests(grid)
+        waiting.send_and_receive(_SimulationGrid(grid, 0.005), requests, timeout=60.0, clock=grid.clock)
+    assert grid.time.waits == [0.005, 0.005, 0.005]

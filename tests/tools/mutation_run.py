@@ -32,7 +32,8 @@ from tests.tools import mutation_report
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = Path(__file__).with_name("mutation_groups.toml")
-PACKAGES = ("fedsketch/", "strategies/", "clients/", "experiments/")
+PACKAGES = ("fedsketch/", "strategies/", "clients/", "bridge/", "experiments/")
+PAGES = "docs/"  # copied too: some tests check a page against the code (test_forecast reads regime.md)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def mutmut_settings(shared: dict[str, Any], group: Group) -> dict[str, Any]:
         **shared,
         "source_paths": sources,
         "only_mutate": list(group.modules),
-        "also_copy": [p for p in PACKAGES if p not in sources],
+        "also_copy": [*(p for p in PACKAGES if p not in sources), PAGES],
         "pytest_add_cli_args_test_selection": list(group.tests),
     }
 

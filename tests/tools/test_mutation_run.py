@@ -41,7 +41,7 @@ def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> No
     )
     settings = mr.mutmut_settings(shared, group)
     assert settings["source_paths"] == ["fedsketch/", "strategies/"]
-    assert settings["also_copy"] == ["clients/", "experiments/"]
+    assert settings["also_copy"] == ["clients/", "bridge/", "experiments/", "docs/"]
     assert settings["only_mutate"] == ["strategies/billing.py", "fedsketch/sketch/checks.py"]
     assert settings["pytest_add_cli_args_test_selection"] == ["tests/strategies/test_billing.py"]
     assert settings["process_isolation"] == "forkserver"  # the shared settings are kept

@@ -16,18 +16,21 @@ from flwr.serverapp import Grid
 from bridge.flower import task_identity
 from experiments.analysis.results import format_bytes
 from experiments.cli import main as fedsketch_main
-from experiments.running import runner
+from experiments.running import forecast, runner
 from experiments.running.forecast import (
     COLUMNS,
     REGIME_COLS_PER_K,
     FirstRound,
     RunForecast,
     download_note,
+    first_round,
     larger_note,
     render,
     row,
+    secure_note,
     sketch_note,
     table,
+    totals_note,
 )
 from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch.config import RunConfig
@@ -257,3 +260,95 @@ def test_the_plan_equals_a_flower_runs_first_round(
     for cfg in runner.load_experiment(runner.DEFAULT_CONFIG, settings, None, strategies).runs:
         first = runlog.read_metrics(runlog.run_dir(cfg))[0]
         assert _printed_round(printed, cfg) == (first["upload_bytes"], first["download_bytes"]), cfg.strategy
+
+
+# ------------------------------------------------------------------------------------------ the notes' words
+def test_the_totals_note_names_every_rounds_count_and_sketched_sgds_positions_only_when_it_runs() -> None:
+    runs = [_forecast("fetchsgd"), _forecast("fedavg", settings={"num-rounds": 40}), _forecast("local_topk")]
+    assert totals_note(runs) == (
+        "up (run), down (run): round 1 x num-rounds (40, 250), an estimate. Later rounds ask other clients, whose "
+        "replies differ by a few bytes (their example counts; Gaussian-k's count of values), and from round 64 the "
+        "round's number takes a byte more in each client's config."
+    )
+    assert totals_note([*runs, _forecast("sketched_sgd")]).endswith(
+        "config; Sketched-SGD also sends a returning client the positions its last upload helped apply."
+    )
+
+
+def test_the_secure_note_names_the_runs_and_says_the_nodes_decide() -> None:
+    assert secure_note(["fetchsgd seed 0", "fedavg seed 1"]) == (
+        "secure aggregation (fetchsgd seed 0, fedavg seed 1): the bytes are what SecAgg+'s four stages serialized "
+        "between the server and its nodes, each node summing its clients: a client's figure is its share of its "
+        "node's, another number of nodes (--supernodes) bills otherwise, and as the stages name the nodes, whose ids "
+        "Flower draws at random, a run's round differs by a few hundred bytes."
+    )
+
+
+# ------------------------------------------------------------------------------------------ round 1, run here
+SMALL = {"num-clients": 6, "clients-per-round": 4, "model-hidden": 8, "k": 20, "sketch-cols": 200, "seed": 3}
+
+
+def test_round_1_asks_the_rounds_clients_and_a_node_per_client_when_each_has_its_own() -> None:
+    for assignment in ("cohort", "node"):
+        cfg = RunConfig.from_mapping({**SMALL, "client-assignment": assignment, "min-nodes": 1})
+        first = first_round(cfg, nodes=2)
+        assert (first.sampled, first.contributed) == (4, 4), assignment
+        assert first.upload > 0 and first.download > 0
+
+
+def test_round_1_runs_on_the_nodes_the_plan_is_told_or_one_per_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes decide a secure aggregation's bytes (:func:`secure_note`): the plan's round runs on those asked."""
+    from experiments.running import inprocess_grid
+
+    cfg = RunConfig.from_mapping({**SMALL, "secure-aggregation": True, "min-nodes": 2})
+    asked: list[int] = []
+
+    class Counting(inprocess_grid.InProcessGrid):
+        def __init__(self, run_config: dict[str, Any], num_nodes: int = 2, **kwargs: Any) -> None:
+            asked.append(num_nodes)
+            super().__init__(run_config, num_nodes, **kwargs)
+
+    monkeypatch.setattr(inprocess_grid, "InProcessGrid", Counting)
+    runs, seconds = forecast.forecast([cfg, RunConfig.from_mapping(SMALL)], nodes=3)
+    node_cfg = RunConfig.from_mapping({**SMALL, "client-assignment": "node"})
+    forecast.forecast_run(node_cfg, nodes=3)
+    assert asked == [3, 3, 6]  # the nodes asked for; one per client with client-assignment = "node"
+    small = RunConfig.from_mapping(SMALL)
+    forecast.first_round(small)
+    forecast.forecast_run(small)
+    forecast.forecast([small])
+    assert asked[3:] == [2, 2, 2]  # two unless told (a simulation's default --supernodes)
+    assert [f.cfg for f in runs] == [cfg, RunConfig.from_mapping(SMALL)]
+    assert 0.0 < seconds < 600.0
+
+
+def test_the_notes_say_where_the_figures_come_from_what_state_is_kept_and_who_did_not_answer() -> None:
+    full = _forecast("fetchsgd", FirstRound(299_018, 10, 10, 1, 1))
+    short = _forecast("local_topk", FirstRound(299_018, 10, 7, 1, 1), {"seed": 2})
+    lines = forecast.notes([full, short], seconds=2.5)
+    assert lines[0] == (
+        "Round 1 of each run, run in this process (2.5 s, each sampled client's own update, no Flower process, no "
+        "evaluation) and billed by the run's own code: up/round and down/round are its upload_bytes and "
+        "download_bytes to the byte; up/client is their mean over the clients that answered, down/client over "
+        "those asked."
+    )
+    assert lines[1] == totals_note([full, short]) and lines[2] == download_note([full, short])
+    assert lines[-2:] == [
+        (
+            "client state: at its largest, once every client has taken part (its committed and pending vectors, "
+            "fedsketch/validate.py), where client-state keeps it."
+        ),
+        "local_topk seed 2: only 7 of 10 clients answered round 1",
+    ]
+    alone = forecast.notes([full], 1.0)  # fetchsgd keeps no client state, and every client answered
+    assert not any(line.startswith("client state:") or "answered round 1" in line for line in alone)
+
+
+def test_the_plan_names_its_experiments_and_wraps_its_notes_at_the_width_with_an_indent() -> None:
+    runs = [_forecast("fetchsgd"), _forecast("fedavg", settings={"experiment": "other"})]
+    text = render(runs, seconds=1.0, width=60)
+    head, *rest = text.splitlines()
+    assert head.startswith("Plan of default, other: 2 run(s); bytes billed in round 1")
+    notes = rest[len(table(runs).splitlines()) :]
+    assert notes[0].startswith("Round 1 of each run") and all(len(line) <= 60 for line in notes)
+    assert notes[1].startswith("  ") and all(not line.startswith("   ") for line in notes)

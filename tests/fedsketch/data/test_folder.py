@@ -12,6 +12,8 @@ import pytest
 from PIL import Image
 
 from experiments.cli import main
+from fedsketch.data import folder
+from fedsketch.data.checks import DataError
 
 
 def _folder(root: Path) -> Path:
@@ -77,3 +79,32 @@ def test_a_file_without_an_image_extension_is_skipped_and_named(
     assert "skipped 2 file(s) without an image extension (.jpg, " in out, out
     assert ": test/.DS_Store, train/a/notes.txt\n" in out, out
     assert "12 training samples of shape (1, 5, 6)" in out  # the images, and nothing else, were read
+
+
+def test_a_clean_folder_skips_nothing_and_says_nothing(tmp_path: Path) -> None:
+    *_, classes, note = folder.load(str(_folder(tmp_path)))
+    assert classes == 2 and note == ""
+
+
+@pytest.mark.parametrize("strays", [3, 5])
+def test_the_note_names_three_skipped_files_and_counts_the_rest(tmp_path: Path, strays: int) -> None:
+    root = _folder(tmp_path)
+    for i in range(strays):
+        (root / "train" / "a" / f"n{i}.txt").write_text("x", encoding="utf-8")
+    *_, note = folder.load(str(root))
+    more = f" and {strays - 3} more" if strays > 3 else ""
+    assert note.startswith(f"skipped {strays} file(s) without an image extension (.jpg, ")
+    assert note.endswith(f"): train/a/n0.txt, train/a/n1.txt, train/a/n2.txt{more}")
+
+
+def test_test_images_of_another_size_or_mode_are_refused_with_both_shapes(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    for path in (root / "test").rglob("*.png"):
+        Image.new("RGB", (7, 4), (1, 2, 3)).save(path)
+    first = min((root / "test" / "a").glob("*.png"))
+    with pytest.raises(DataError) as caught:
+        folder.load(str(root))
+    assert str(caught.value) == (
+        f"imagefolder:{root}: test images are 4x7 with 3 channel(s) ({first}) but training images are 5x6 with "
+        "1 channel(s) in L"
+    )

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import TensorDataset
 
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.data import DataSpec, load_federated
+from fedsketch.data import DataSpec, load_federated, user
 from fedsketch.data.checks import DataError
 from fedsketch.model.models import build_model
 from fedsketch.settings import entry
@@ -179,3 +180,72 @@ def test_inputs_the_api_stores_are_named_by_what_was_passed(tmp_path: Path) -> N
     x = np.zeros((4, 3), np.float32)
     settings = data_settings((x, np.arange(4), x, np.arange(4)), tmp_path)
     assert settings["dataset"] == "npz" and Path(settings["data-root"]).name.startswith("data-")
+
+
+def test_a_loaders_result_unpacks_to_four_arrays_and_the_client_ids() -> None:
+    a, b, c, d, ids = object(), object(), object(), object(), object()
+    assert user.unpack({"x_train": a, "y_train": b, "x_test": c, "y_test": d}, "s") == (a, b, c, d, None)
+    assert user.unpack({"x_train": a, "y_train": b, "x_test": c, "y_test": d, "client_ids": ids}, "s") == (
+        a,
+        b,
+        c,
+        d,
+        ids,
+    )
+    assert user.unpack((a, b, c, d), "s") == (a, b, c, d, None)
+    assert user.unpack([a, b, c, d, ids], "s") == (a, b, c, d, ids)
+    train, test = TensorDataset(torch.zeros(2, 1)), TensorDataset(torch.ones(2, 1))
+    assert user.unpack((train, test), "s") == (train, None, test, None, None)
+
+
+@pytest.mark.parametrize(
+    "result", [(1, 2), (TensorDataset(torch.zeros(1)), 2), (1, 2, 3), (1, 2, 3, 4, 5, 6), "xy", None]
+)
+def test_any_other_result_is_refused_with_the_shapes_a_loader_may_return(result: object) -> None:
+    with pytest.raises(ValueError) as caught:
+        user.unpack(result, "mine:load")
+    assert str(caught.value) == (
+        f"mine:load returned a {type(result).__name__}; expected a mapping of x_train, y_train, x_test, y_test "
+        "(and client_ids), a tuple of those arrays, or a pair (train, test) of torch Datasets"
+    )
+
+
+def test_a_mapping_without_a_split_is_refused_naming_what_it_lacks_and_has() -> None:
+    with pytest.raises(ValueError) as caught:
+        user.unpack({"x_train": 1, "y_test": 2, "extra": 3}, "mine:load")
+    assert (
+        str(caught.value)
+        == "mine:load returned a mapping without ['y_train', 'x_test']; it has ['extra', 'x_train', 'y_test']"
+    )
+
+
+def test_a_loader_gets_the_root_and_seed_it_declares_and_its_failures_name_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _module(
+        tmp_path,
+        monkeypatch,
+        "argslab",
+        """
+        def nothing():
+            return {}
+
+        def seeded(seed, **other):
+            return {"seed": seed}
+
+        def both(root, seed):
+            raise RuntimeError("no data today")
+        """,
+    )
+    spec = DataSpec(dataset="argslab:both", root="here", seed=7, partition="iid")
+    assert user.arguments(spec) == {"root": "here", "seed": 7}
+    assert user.arguments(DataSpec(dataset="argslab:seeded", seed=7, partition="iid")) == {"seed": 7}
+    assert user.arguments(DataSpec(dataset="argslab:nothing", partition="iid")) == {}
+    with pytest.raises(ValueError) as caught:
+        user.load(spec)
+    assert str(caught.value) == (
+        f"setting 'dataset': argslab:both raised RuntimeError: no data today (at {tmp_path / 'argslab.py'}:9)"
+    )
+    for function in (user.load, user.arguments):
+        with pytest.raises(ValueError, match=r"^setting 'dataset': module 'argslab' \(.*\) has no 'gone'$"):
+            function(DataSpec(dataset="argslab:gone", partition="iid"))

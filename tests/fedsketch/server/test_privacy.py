@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from fedsketch.server.privacy import clip_factor, epsilon, rdp_sampled_gaussian
+from fedsketch.config import RunConfig
+from fedsketch.server.privacy import clip_factor, epsilon, privacy_metrics, rdp_sampled_gaussian
 
 
 def test_matches_tensorflow_privacys_reference_values() -> None:
@@ -62,3 +63,32 @@ def test_clip_factor() -> None:
 def test_bad_arguments_are_refused(args: tuple[float, float, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rdp_sampled_gaussian(*args)
+
+
+@pytest.mark.parametrize(("rounds", "delta"), [(-1, 1e-5), (3, 0.0), (3, 1.0), (3, 1.5)])
+def test_a_budget_needs_rounds_from_zero_and_delta_strictly_between_zero_and_one(rounds: int, delta: float) -> None:
+    with pytest.raises(ValueError, match=rf"need rounds >= 0 and delta in \(0, 1\); got {rounds}, {delta}"):
+        epsilon(0.1, 1.0, rounds, delta)
+
+
+def test_no_round_spends_nothing_at_the_first_order_given() -> None:
+    assert epsilon(0.1, 1.0, 0, 1e-5, orders=(7, 3, 5)) == (0.0, 7)
+
+
+def test_a_runs_privacy_columns_are_its_budget_after_the_rounds_and_nothing_without_noise() -> None:
+    assert privacy_metrics(RunConfig(), 5) == {}
+    cfg = RunConfig.from_mapping(
+        {"num-clients": 40, "clients-per-round": 10, "dp-noise-multiplier": 1.3, "dp-delta": 1e-4, "clip-norm": 1.0}
+    )
+    eps, order = epsilon(10 / 40, 1.3, 7, 1e-4)
+    assert privacy_metrics(cfg, 7) == {
+        "dp_epsilon": eps,
+        "dp_delta": 1e-4,
+        "dp_noise_multiplier": 1.3,
+        "dp_sampling_rate": 0.25,
+        "dp_rounds": 7,
+        "dp_order": order,
+    }
+    assert 0 < eps < privacy_metrics(cfg, 70)["dp_epsilon"]
+    little = RunConfig.from_mapping({"dp-noise-multiplier": 0.5, "clip-norm": 1.0})  # any noise counts, below 1 too
+    assert privacy_metrics(little, 1)["dp_noise_multiplier"] == 0.5
