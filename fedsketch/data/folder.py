@@ -38,7 +38,7 @@ def load(root: str, num_classes: int = 0) -> tuple[torch.Tensor, np.ndarray, tor
     Raises
     ------
     FileNotFoundError
-        If ``root/train`` or ``root/test`` is missing.
+        If ``root/train`` or ``root/test`` is missing, or a class folder holds no image (naming the folder).
     DataError
         If a test class is not a training class, images differ in size, a file with an image extension cannot
         be read as an image (naming it), or ``num_classes`` (when not 0) differs from the number of class folders.
@@ -75,9 +75,10 @@ def load(root: str, num_classes: int = 0) -> tuple[torch.Tensor, np.ndarray, tor
 
 
 def _files(folder: Path, index: dict[str, int]) -> Split:
-    samples = make_dataset(str(folder), {c: i for c, i in index.items() if (folder / c).is_dir()}, IMG_EXTENSIONS)
-    if not samples:
-        raise FileNotFoundError(f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) under {folder}")
+    try:  # torchvision refuses a class folder without an image, naming the class
+        samples = make_dataset(str(folder), {c: i for c, i in index.items() if (folder / c).is_dir()}, IMG_EXTENSIONS)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"imagefolder: {folder}: {exc}") from None
     return [path for path, _ in samples], np.array([label for _, label in samples], dtype=np.int64)
 
 

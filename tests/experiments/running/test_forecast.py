@@ -352,3 +352,28 @@ def test_the_plan_names_its_experiments_and_wraps_its_notes_at_the_width_with_an
     notes = rest[len(table(runs).splitlines()) :]
     assert notes[0].startswith("Round 1 of each run") and all(len(line) <= 60 for line in notes)
     assert notes[1].startswith("  ") and all(not line.startswith("   ") for line in notes)
+
+
+def test_the_download_note_says_how_each_kind_of_download_is_billed() -> None:
+    assert download_note([_forecast("fetchsgd")]) == (
+        "download = dense: every sampled client is billed the whole model every round."
+    )
+    sparse = [_forecast("fetchsgd", settings={"download": "sparse"}), _forecast("fedavg")]
+    sparse.append(_forecast("local_topk", settings={"download": "sparse", "seed": 1}))
+    assert download_note(sparse) == (
+        "download = sparse (fetchsgd seed 0, local_topk seed 1): a returning client is billed only the coordinates "
+        "changed since it last took part, which training decides. Round 1 is dense (no client has the model yet), "
+        "and so is the down (run) column: an upper bound on the model's part of the download."
+    )
+
+
+def test_a_method_that_does_not_sketch_has_no_columns_per_k_and_no_sketch_in_its_notes() -> None:
+    f = _forecast("fedavg")
+    assert dict(zip(COLUMNS, row(f), strict=True))["cols/k"] == "-"
+    over = RunForecast(f.cfg, 20_000, FirstRound(20_000, 10, 10, 10 * 120_001, 0))
+    assert larger_note(over) == (
+        "fedavg seed 0: a client uploads 1.5x the dense float32 update (80,000 B at d = 20,000): at this model "
+        "size it sends more than uncompressed training."
+    )
+    note = sketch_note(_forecast("fetchsgd"))
+    assert note is not None and note.startswith("fetchsgd seed 0")

@@ -113,6 +113,7 @@ def test_arrays_tensors_lists_and_datasets_become_float32_samples_and_int64_labe
         (_Pairs(0), None, "train", "src: the train Dataset is empty"),
         (np.array([["a"], ["b"]]), np.zeros(2, dtype=int), "train", "x_train of src must hold real numbers; got <U1"),
         (np.zeros((2, 1)), np.array(["a", "b"]), "test", "y_test of src must hold integer labels; got <U1"),
+        ([["a"], ["b"]], [0, 1], "train", "x_train of src must hold real numbers; got <U1"),  # a list, as an array
         (
             np.zeros((2, 4), dtype=np.uint8),
             np.zeros(2, dtype=int),

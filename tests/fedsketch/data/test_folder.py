@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from experiments.cli import main
 from fedsketch.data import folder
@@ -108,3 +109,54 @@ def test_test_images_of_another_size_or_mode_are_refused_with_both_shapes(tmp_pa
         f"imagefolder:{root}: test images are 4x7 with 3 channel(s) ({first}) but training images are 5x6 with "
         "1 channel(s) in L"
     )
+
+
+@pytest.mark.parametrize(("mode", "suffix"), [("1", "png"), ("I;16", "png"), ("I", "tiff"), ("L", "bmp")])
+def test_every_grayscale_mode_stays_one_channel(tmp_path: Path, mode: str, suffix: str) -> None:
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            path = tmp_path / split / c / f"0.{suffix}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new(mode, (6, 5), 1).save(path)
+    x_train, _, x_test, *_ = folder.load(str(tmp_path))
+    assert x_train.shape == (2, 1, 5, 6) and x_test.shape == (2, 1, 5, 6)
+
+
+def test_colour_images_of_any_mode_become_rgb(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    for i, path in enumerate(sorted(root.rglob("*.png"))):
+        Image.new("RGB", (6, 5), (10 * i, 0, 0)).convert(("RGB", "P", "RGBA")[i % 3]).save(path)
+    x_train, _, x_test, *_ = folder.load(str(root))
+    assert x_train.shape == (12, 3, 5, 6) and x_test.shape == (4, 3, 5, 6)
+
+
+def test_a_test_split_without_some_classes_keeps_the_training_labels(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    for path in (root / "test" / "a").glob("*.png"):
+        path.unlink()
+    (root / "test" / "a").rmdir()
+    _, y_train, _, y_test, classes, _ = folder.load(str(root))
+    assert classes == 2 and sorted(set(y_train.tolist())) == [0, 1]
+    assert y_test.tolist() == [1, 1] and y_test.dtype == "int64"  # b is class 1, as in train/
+
+
+def test_a_class_folder_without_images_is_refused_naming_the_folder_and_the_extensions(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    for path in (root / "test" / "b").glob("*.png"):
+        path.with_suffix(".txt").write_text("x", encoding="utf-8")
+        path.unlink()
+    with pytest.raises(FileNotFoundError) as caught:
+        folder.load(str(root))
+    assert str(caught.value) == (
+        f"imagefolder: {root / 'test'}: Found no valid file for the classes b. Supported extensions are: "
+        f"{', '.join(IMG_EXTENSIONS)}"
+    )
+
+
+def test_an_image_of_another_size_is_refused_with_both_sizes(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    odd = root / "train" / "b" / "4.png"
+    Image.new("L", (7, 4), 3).save(odd)
+    with pytest.raises(DataError) as caught:
+        folder.load(str(root))
+    assert str(caught.value) == f"imagefolder: {odd} is 7x4; {root / 'train' / 'a' / '0.png'} is 6x5"
