@@ -4,7 +4,7 @@ The common way people hold their own images. Classes are the sub-folders of
 ``train`` in sorted order (torchvision's ``ImageFolder`` rule); ``test`` may hold
 fewer of them, never others. Every image must have the same size; grayscale
 sets stay one channel, anything else becomes RGB. Pixels are scaled to [0, 1]
-and normalized per channel by the training split's mean and standard deviation.
+and normalized per channel by the training split's mean and standard deviation (a constant channel is only centred).
 Files are listed by torchvision (its image extensions) and read with Pillow.
 A file with an image extension that Pillow cannot read (truncated, or not an
 image at all) is refused by name; a file without one (``notes.txt``,
@@ -27,6 +27,8 @@ Split = tuple[list[str], np.ndarray]
 UNREADABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 """What Pillow raises for a file it cannot decode: ``UnidentifiedImageError`` (an ``OSError``) for one that is
 not an image, ``OSError`` for a truncated one, ``SyntaxError`` for a broken PNG chunk."""
+FLAT = 1e-6
+"""A channel whose deviation is below this is constant: dividing by it would only magnify rounding."""
 SHOWN = 3
 """Skipped files named in the note; the rest are counted."""
 
@@ -69,7 +71,8 @@ def load(root: str, num_classes: int = 0) -> tuple[torch.Tensor, np.ndarray, tor
             f"images are {_describe(x_train.shape)} in {mode}"
         )
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
-    std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-8)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True)
+    std = torch.where(std > FLAT, std, torch.ones_like(std))  # a constant channel is centred, not scaled
     note = _skipped(base, [*train_files, *test_files])
     return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, len(classes), note
 

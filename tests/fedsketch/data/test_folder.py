@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -160,3 +161,54 @@ def test_an_image_of_another_size_is_refused_with_both_sizes(tmp_path: Path) -> 
     with pytest.raises(DataError) as caught:
         folder.load(str(root))
     assert str(caught.value) == f"imagefolder: {odd} is 7x4; {root / 'train' / 'a' / '0.png'} is 6x5"
+
+
+def test_a_missing_split_says_what_the_data_root_must_hold(tmp_path: Path) -> None:
+    (tmp_path / "train").mkdir()
+    for root in (str(tmp_path), ""):
+        with pytest.raises(FileNotFoundError) as caught:
+            folder.load(root)
+        where = Path(root) / ("test" if root else "train")
+        assert str(caught.value) == (
+            f"imagefolder: no folder {where}; set the data root to a folder holding "
+            "train/<class>/<image> and test/<class>/<image>"
+        )
+
+
+def _classes(root: Path, n: int) -> Path:
+    for split in ("train", "test"):
+        for c in range(n):
+            path = root / split / f"c{c}" / "0.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("L", (4, 3), 10 * c).save(path)
+    return root
+
+
+@pytest.mark.parametrize(("n", "shown"), [(2, "c0, c1"), (5, "c0, c1, c2, c3, c4"), (6, "c0, c1, c2, c3, c4, ...")])
+def test_a_class_count_the_folders_do_not_hold_is_refused_naming_five_of_them(
+    tmp_path: Path, n: int, shown: str
+) -> None:
+    root = _classes(tmp_path, n)
+    assert folder.load(str(root), num_classes=n)[4] == n
+    with pytest.raises(DataError) as caught:
+        folder.load(str(root), num_classes=n + 1)
+    assert str(caught.value) == (
+        f"imagefolder:{root}: setting 'num-classes' is {n + 1} but train/ holds {n} class folders ({shown})"
+    )
+
+
+def test_colour_images_are_standardized_channel_by_channel_on_the_training_split(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    for i, path in enumerate(sorted(root.rglob("*.png"))):
+        Image.new("RGB", (6, 5), (10 * i, 200 - 3 * i, 90)).save(path)
+    x_train, _, _x_test, *_ = folder.load(str(root))
+    assert x_train.mean(dim=(0, 2, 3)).abs().max() < 1e-5
+    assert torch.allclose(x_train[:, :2].std(dim=(0, 2, 3)), torch.ones(2), atol=1e-5)
+    assert x_train[:, 2].abs().max() < 1e-6  # a constant channel: centred, not magnified by a zero deviation
+    for path in (root / "test").rglob("*.png"):
+        Image.new("RGB", (7, 4)).save(path)
+    with pytest.raises(
+        DataError,
+        match=r"test images are 4x7 with 3 channel\(s\) .* but training images are 5x6 with 3 channel\(s\) in RGB$",
+    ):
+        folder.load(str(root))
