@@ -123,7 +123,9 @@ def test_exporting_the_root_puts_it_first_on_pythonpath_once(lab: Path, monkeypa
 
 
 def _user_line(lab: Path, body: str) -> BaseException:
-    (lab / "usercode.py").write_text("import numpy as np\n\ndef fail():\n    return _inner()\n\ndef _inner():\n" + body)
+    """What ``usercode.fail()`` raised: it calls ``userhelp.inner()`` (another file), whose line 4 is ``body``."""
+    (lab / "usercode.py").write_text("from userhelp import inner\n\ndef fail():\n    return inner()\n")
+    (lab / "userhelp.py").write_text("import numpy as np\n\ndef inner():\n" + body)
     sys.path.append(str(lab))
     import usercode  # type: ignore[import-not-found]
 
@@ -132,19 +134,19 @@ def _user_line(lab: Path, body: str) -> BaseException:
     except Exception as exc:  # noqa: BLE001
         return exc
     finally:
-        del sys.modules["usercode"]
+        del sys.modules["usercode"], sys.modules["userhelp"]
     raise AssertionError("fail() returned")
 
 
 def test_what_user_code_raised_reads_as_one_line_with_its_own_deepest_place(lab: Path) -> None:
     exc = _user_line(lab, "    raise ValueError('no good\\nmore')\n")
-    assert entry.raised(exc) == f"ValueError: no good (at {lab / 'usercode.py'}:7)"
+    assert entry.raised(exc) == f"ValueError: no good (at {lab / 'userhelp.py'}:4)"
     assert entry.raised(KeyError()) == "KeyError: "
 
 
 def test_the_place_of_what_an_installed_package_raised_is_the_user_line_that_called_it(lab: Path) -> None:
     exc = _user_line(lab, "    return np.linalg.inv(np.zeros((2, 2)))\n")
-    assert entry.raised(exc) == f"LinAlgError: Singular matrix (at {lab / 'usercode.py'}:7)"
+    assert entry.raised(exc) == f"LinAlgError: Singular matrix (at {lab / 'userhelp.py'}:4)"
 
 
 def test_a_reference_found_on_the_path_leaves_the_current_folder_off_it(
