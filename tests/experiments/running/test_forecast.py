@@ -352,6 +352,7 @@ def test_the_plan_names_its_experiments_and_wraps_its_notes_at_the_width_with_an
     notes = rest[len(table(runs).splitlines()) :]
     assert notes[0].startswith("Round 1 of each run") and all(len(line) <= 60 for line in notes)
     assert notes[1].startswith("  ") and all(not line.startswith("   ") for line in notes)
+    assert render(runs, seconds=1.0) == render(runs, seconds=1.0, width=110) != render(runs, seconds=1.0, width=111)
 
 
 def test_the_download_note_says_how_each_kind_of_download_is_billed() -> None:
