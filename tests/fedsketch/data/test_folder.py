@@ -201,7 +201,11 @@ def test_colour_images_are_standardized_channel_by_channel_on_the_training_split
     root = _folder(tmp_path)
     for i, path in enumerate(sorted(root.rglob("*.png"))):
         Image.new("RGB", (6, 5), (10 * i, 200 - 3 * i, 90)).save(path)
-    x_train, _, _x_test, *_ = folder.load(str(root))
+    first = root / "train" / "a" / "0.png"
+    for path in (root / "test").rglob("*.png"):
+        path.write_bytes(first.read_bytes())
+    x_train, _, x_test, *_ = folder.load(str(root))
+    assert torch.equal(x_test, x_train[:1].expand_as(x_test))  # by the training split's mean and deviation
     assert x_train.mean(dim=(0, 2, 3)).abs().max() < 1e-5
     assert torch.allclose(x_train[:, :2].std(dim=(0, 2, 3)), torch.ones(2), atol=1e-5)
     assert x_train[:, 2].abs().max() < 1e-6  # a constant channel: centred, not magnified by a zero deviation
@@ -212,3 +216,15 @@ def test_colour_images_are_standardized_channel_by_channel_on_the_training_split
         match=r"test images are 4x7 with 3 channel\(s\) .* but training images are 5x6 with 3 channel\(s\) in RGB$",
     ):
         folder.load(str(root))
+
+
+def test_a_file_pillow_cannot_read_is_named_with_what_pillow_said(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    bad = root / "train" / "a" / "2.png"
+    _text(bad)
+    with pytest.raises(DataError) as caught:
+        folder.load(str(root))
+    assert str(caught.value) == (
+        f"imagefolder: {bad} cannot be read as an image (UnidentifiedImageError: cannot identify image file "
+        f"'{bad}'); remove or replace it"
+    )
