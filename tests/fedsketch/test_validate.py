@@ -62,10 +62,12 @@ def test_the_state_on_disk_is_held_to_the_free_space_of_the_out_dirs_file_system
     with pytest.raises(ConfigError) as caught:
         against_model(RunConfig.from_mapping({**TOPK, "k": 10, "client-state": "disk", "out-dir": str(out)}), d)
     what = re.escape(describe_client_state(cfg, d))
-    assert re.fullmatch(
-        rf"{what}, more than the [\d,.]+ GiB free under {re.escape(str(tmp_path))} \(setting 'client-state' = 'disk'\)",
+    said = re.fullmatch(
+        rf"{what}, more than the ([\d,.]+) GiB free under {re.escape(str(tmp_path))} \(setting 'client-state' = 'disk'\)",
         str(caught.value),
     )
+    assert said is not None
+    assert abs(float(said.group(1).replace(",", "")) - free / 2**30) < 0.05  # as free as it was a moment ago
 
 
 def test_noise_and_secure_sums_are_offered_with_exactly_the_methods_whose_uploads_add_up() -> None:
@@ -95,6 +97,25 @@ def test_every_fields_default_and_meaning_are_the_settings_tables() -> None:
 
 
 REFUSALS = [
+    (
+        {"model": "pkg.mod:build", "client-update": "adam"},  # a model reference does not end the checks
+        "setting 'client-update' must be one of gradient, delta; got 'adam'",
+    ),
+    (
+        {"hf-label": "x"},
+        "setting 'hf-label' ('x') is read only by dataset 'huggingface'; dataset is 'synthetic', which would ignore it",
+    ),
+    (
+        {"dataset": "huggingface", "data-root": "x", "hf-test-fraction": 1.0},
+        "setting 'hf-test-fraction' must be in [0, 1) (0: off); got 1.0",
+    ),
+    (
+        {"dataset": "synthetic_text"},
+        (
+            "setting 'model' ('mlp') does not fit 'dataset' ('synthetic_text'): dataset 'synthetic_text' is read by "
+            "model 'bag' only, and that model reads no other dataset"
+        ),
+    ),
     (
         {"strategy": "fetchsgdd"},
         "setting 'strategy' must be one of fedadam, fedavg, fetchsgd, gaussiank, local_topk, powersgd, qsgd, random_k, signsgd, sketched_sgd, terngrad, true_topk; got 'fetchsgdd'",
@@ -227,3 +248,17 @@ def test_a_methods_own_setting_is_kept_and_an_unknown_one_refused_by_its_first_n
     assert dict(RunConfig.from_mapping({"strategy": "qsgd", "qsgd-levels": 3}).extras)["qsgd-levels"] == 3
     with pytest.raises(ConfigError, match=r"^unknown setting 'aaa'$"):
         RunConfig(extras=(("zzz", 1), ("aaa", 2)))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"object-retry-s": 0.0},
+        {"object-retry-s": 0.25},
+        {"client-momentum": 0.5, "client-update": "delta"},
+        {"min-replies": 10, "clients-per-round": 10},
+        {"dataset": "pkg.mod:load", "num-classes": 7},  # a loader of the user's: any class count
+    ],
+)
+def test_the_edges_of_each_range_are_allowed(settings: dict[str, object]) -> None:
+    RunConfig.from_mapping(settings)
