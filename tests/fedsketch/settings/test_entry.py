@@ -124,7 +124,7 @@ def test_exporting_the_root_puts_it_first_on_pythonpath_once(lab: Path, monkeypa
 
 def _user_line(lab: Path, body: str) -> BaseException:
     """What ``usercode.fail()`` raised: it calls ``userhelp.inner()`` (another file), whose line 4 is ``body``."""
-    (lab / "usercode.py").write_text("from userhelp import inner\n\ndef fail():\n    return inner()\n")
+    (lab / "usercode.py").write_text("from userhelp import inner\n\n\ndef fail():\n    return inner()\n")  # line 5
     (lab / "userhelp.py").write_text("import numpy as np\n\ndef inner():\n" + body)
     sys.path.append(str(lab))
     import usercode  # type: ignore[import-not-found]
