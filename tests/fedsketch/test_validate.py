@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
+from fedsketch import validate
 from fedsketch.config import TABLE, ConfigError, RunConfig
-from fedsketch.methods import METHODS
+from fedsketch.methods import METHODS, get_method
 from fedsketch.validate import against_model, client_state_bytes, describe_client_state
 
 TOPK = {"strategy": "local_topk", "num-clients": 16, "clients-per-round": 4, "k": 10, "sketch-cols": 40}
@@ -262,3 +263,22 @@ def test_a_methods_own_setting_is_kept_and_an_unknown_one_refused_by_its_first_n
 )
 def test_the_edges_of_each_range_are_allowed(settings: dict[str, object]) -> None:
     RunConfig.from_mapping(settings)
+
+
+def test_clipping_is_refused_for_a_stateless_method_whose_upload_is_not_one_vector() -> None:
+    """No registered method is both (PowerSGD and Sketched-SGD keep state, refused first): a record made so."""
+    powersgd = get_method("powersgd")
+    stateless = replace(powersgd, client=replace(powersgd.client, state_vectors=lambda cfg: 0))
+    validate._privacy(RunConfig.from_mapping({"clip-norm": 0.5}), get_method("fetchsgd"))
+    with pytest.raises(ConfigError) as caught:
+        validate._privacy(RunConfig.from_mapping({"clip-norm": 0.5}), stateless)
+    assert str(caught.value) == (
+        "setting 'clip-norm' is not available for powersgd: its upload is not one vector the server could scale "
+        "(its second exchange sends values computed from the first)"
+    )
+
+
+def test_download_settings_are_allowed_where_they_apply() -> None:
+    RunConfig.from_mapping({"download": "sparse", "download-from-init": True})
+    with pytest.raises(ConfigError, match=r"^setting 'download-k' applies to the compressed-upload baselines"):
+        RunConfig.from_mapping({"download-k": 1})
