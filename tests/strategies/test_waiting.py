@@ -232,17 +232,12 @@ def test_a_wait_counts_every_missing_reply_toward_its_cap() -> None:
     assert max(grid.time.waits) == 1 / 8
 
 
-class _SimulationGrid(InMemoryGrid):
+class _SimulationGrid(_Recording, InMemoryGrid):
     """Flower's simulation grid as the wait sees it (its type and interval), replying as ``grid`` does."""
 
     def __init__(self, grid: TestGrid, interval: float) -> None:  # no LinkState: the replies are grid's
-        self.grid, self.pull_interval = grid, interval
-
-    def push_messages(self, messages):  # type: ignore[no-untyped-def, override]
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def, override]
-        return self.grid.pull_messages(message_ids)
+        super().__init__(grid)
+        self.pull_interval = interval
 
 
 def test_without_a_schedule_a_wait_on_the_simulation_grid_keeps_its_interval() -> None:
