@@ -14,7 +14,6 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitIns, FitRes, Parameters, Scalar, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -23,7 +22,6 @@ from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
-from flwr.supercore.run import Run
 
 __all__ = [
     "MAIN_CONFIGS_RECORD",
@@ -38,9 +36,7 @@ __all__ = [
     "GridClientProxy",
     "LegacyContext",
     "LegacyStrategy",
-    "NodeInfo",
     "Parameters",
-    "Run",
     "Scalar",
     "SecAggPlusWorkflow",
     "Status",

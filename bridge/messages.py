@@ -41,7 +41,7 @@ def wire_bytes(obj: Any) -> int:
         return sum(wire_bytes(rec) for rec in obj.values())
     if isinstance(obj, ArrayRecord):
         return _array_record_bytes(obj)
-    children = getattr(obj, "children", None) or {}
+    children = obj.children or {}
     return len(obj.deflate()) + sum(wire_bytes(child) for child in children.values())
 
 
@@ -131,7 +131,7 @@ def payload_bytes(payload: Mapping[str, np.ndarray]) -> int:
     whose upload a node merged would have sent (docs/simulation.md, "Merged uploads")."""
     blobs = []
     for arr in payload.values():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr, order="C")
         head = _npy_header(arr)
         if head is None:  # Flower's own encoding: build it
             blobs.append(_blob(Array(arr)))
@@ -168,7 +168,7 @@ def npy_array(arr: np.ndarray) -> Array:
     whose header does not fit format 1.0 (or with Python objects) goes
     through Flower's own path.
     """
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr, order="C")  # a 0-d array stays 0-d (``np.ascontiguousarray`` makes it 1-d)
     header = _npy_header(arr)
     if header is None:  # objects (np.save's to refuse), or a header that needs format 2.0
         return Array(arr)

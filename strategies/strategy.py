@@ -221,19 +221,21 @@ class FedSketchStrategy(Strategy):
         if done.refused:
             self.skip(server_round, done.replies, f"secure aggregation gave no usable sum: {done.refused}", 0)
         else:
-            self.finish_round(server_round, done.replies, done.contributors, screened=True)
+            self.finish_round(server_round, done.replies, done.contributors)
 
     def finish_round(
-        self, server_round: int, got: RoundReplies, contributors: int, screened: bool = False
+        self, server_round: int, got: RoundReplies, contributors: int
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Apply the accepted updates unless too few clients contributed or the result is not finite.
 
-        ``screened``: the updates were already clipped where they came from (secure aggregation).
+        A secure round's one update, the sum, was clipped by the nodes (:mod:`strategies.secure`): it is not
+        screened again.
         """
         if contributors < self.cfg.min_replies:
             why = f"{contributors} valid replies < min-replies {self.cfg.min_replies}"
             return self.skip(server_round, got, why, contributors)
-        updates = sorted([*(got.updates if screened else self.screen(got.updates)), *got.merged], key=lambda u: u.cid)
+        screened = got.updates if self.cfg.secure_aggregation else self.screen(got.updates)
+        updates = sorted([*screened, *got.merged], key=lambda u: u.cid)
         self.values = self.values.book({"clipped": got.clipped})  # by the nodes that merged them
         rnd = Round(server_round, self.lr_at(server_round), updates, self.d, self.weights.device)
         state, delta, rnd = server_step(self.method, self.state, rnd, self.cfg, self._ask)

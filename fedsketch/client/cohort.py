@@ -92,7 +92,7 @@ class _Local:
     """A client's local result (or why it has none) and the seconds it took."""
 
     result: LocalResult | None
-    seconds: float
+    seconds: float = 0.0  # none charged to a client without a result
     error: str | None = None
 
 
@@ -186,7 +186,7 @@ def _one_result(cfg: RunConfig, model: nn.Module, w: torch.Tensor, cid: int, ser
         x, y = load_data(cfg).client_data(cid)
         result = local_update(model, w, x, y, local_spec(cfg), client_generator(cfg.seed, server_round, cid))
     except Exception as exc:  # noqa: BLE001 -- one client's failure must not sink the cohort
-        return _Local(None, 0.0, f"{type(exc).__name__}: {exc}")
+        return _Local(None, error=f"{type(exc).__name__}: {exc}")
     return _Local(result, time.perf_counter() - start)
 
 
@@ -202,6 +202,8 @@ def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server
     start = time.perf_counter()
     clients, local = _client_data(load_data(cfg), cids, cfg, server_round)
     ready = list(clients)
+    if not ready:  # every client of the chunk failed before training
+        return local
     try:
         results = _vectorized(cfg, w, [clients[c] for c in ready])
     except Exception as exc:  # noqa: BLE001 -- fall back to one client at a time, failures and all
@@ -211,7 +213,7 @@ def _vectorized_results(cfg: RunConfig, w: torch.Tensor, cids: list[int], server
             exc,
         )
         return {**local, **{c: _one_result(cfg, _scratch_model(cfg), w, c, server_round) for c in ready}}
-    share = (time.perf_counter() - start) / max(len(ready), 1)
+    share = (time.perf_counter() - start) / len(ready)
     local.update({cid: _Local(result, share) for cid, result in zip(ready, results, strict=True)})
     return local
 
@@ -241,7 +243,7 @@ def _client_data(
             x, y = data.client_data(cid)
             require_examples(x)
         except Exception as exc:  # noqa: BLE001 -- this client only
-            failed[cid] = _Local(None, 0.0, f"{type(exc).__name__}: {exc}")
+            failed[cid] = _Local(None, error=f"{type(exc).__name__}: {exc}")
             continue
         clients[cid] = LocalClient(x, y, client_generator(cfg.seed, server_round, cid))
     return clients, failed

@@ -100,17 +100,23 @@ def _open(root: str) -> Any:
         )
     path = Path(root).expanduser()
     if path.is_dir() and any((path / marker).is_file() for marker in _SAVED):
-        return datasets.load_from_disk(str(path))
+        try:
+            return datasets.load_from_disk(str(path))
+        except Exception as exc:  # noqa: BLE001  # e.g. a saved split without rows, which datasets cannot read back
+            raise DataError(f"huggingface: datasets could not read the saved folder {path} ({_why(exc)})") from None
     if not path.exists() and (path.is_absolute() or root.startswith((".", "~"))):
         raise FileNotFoundError(f"huggingface: no folder {path}; " + _SAVE_HINT)
     try:
         return datasets.load_dataset(root)
     except Exception as exc:  # noqa: BLE001  # offline, an unknown name, unreadable files: one line, and the way out
-        reason = " ".join(str(exc).split())[:300]
         raise FileNotFoundError(
-            f"huggingface: datasets could not open {root!r} ({type(exc).__name__}: {reason}); to work offline, "
-            + _SAVE_HINT
+            f"huggingface: datasets could not open {root!r} ({_why(exc)}); to work offline, " + _SAVE_HINT
         ) from None
+
+
+def _why(exc: Exception) -> str:
+    """An exception in one line: its type and the first 300 characters of its message."""
+    return f"{type(exc).__name__}: " + " ".join(str(exc).split())[:300]
 
 
 def _splits(loaded: Any, spec: DataSpec, name: str) -> tuple[Any, Any]:
@@ -169,7 +175,7 @@ def _labels(train: Any, test: Any, spec: DataSpec, name: str) -> tuple[np.ndarra
         unseen = ~np.isin(y_test.astype(str), classes)
         if unseen.any():
             first = int(np.flatnonzero(unseen)[0])
-            raise DataError(f"{name}: test label {y_test[first]!r} at index {first} is not a training label")
+            raise DataError(f"{name}: test label {str(y_test[first])!r} at index {first} is not a training label")
         return np.searchsorted(classes, y_train.astype(str)), np.searchsorted(classes, y_test.astype(str)), len(classes)
     raise DataError(
         f"{name}: column {column!r} (setting 'hf-label') holds {y_train.dtype}; expected class labels "
@@ -225,7 +231,7 @@ def _images(train: Any, test: Any, column: str, name: str) -> tuple[np.ndarray, 
 
 
 def _numbers(split: Any, columns: list[str], name: str) -> np.ndarray:
-    """The numeric columns of one split side by side, float32 ``(N, F)``."""
+    """The numeric columns of one split side by side, float64 ``(N, F)`` (standardized before they become float32)."""
     table = split.select_columns(columns).with_format("numpy")
     parts = []
     for column in columns:
@@ -235,7 +241,7 @@ def _numbers(split: Any, columns: list[str], name: str) -> np.ndarray:
                 f"{name}: column {column!r} holds {values.dtype}; features are one image column or numbers "
                 "(setting 'hf-features' names them)"
             )
-        parts.append(values.reshape(values.shape[0], -1).astype(np.float32))
+        parts.append(values.reshape(values.shape[0], -1).astype(np.float64))
     return np.concatenate(parts, axis=1)
 
 
@@ -247,4 +253,4 @@ def _stack(values: Any, what: str) -> np.ndarray:
     for i, row in enumerate(rows):
         if row.shape != rows[0].shape:
             raise DataError(f"{what}: row {i} has shape {row.shape}; row 0 has {rows[0].shape}")
-    return np.stack(rows) if rows else np.zeros((0,), dtype=np.float32)
+    return np.stack(rows)  # a split has rows: datasets reads back no split without

@@ -148,7 +148,7 @@ def from_arrays(
             f"{name} has no natural clients (no client ids): choose partition iid, dirichlet, pathological or shards"
         )
     declared = num_classes if num_classes is not None else spec.num_classes or None
-    classes = declared if declared is not None else int(max(ytr.max(), yte.max() if yte.numel() else 0)) + 1
+    classes = declared if declared is not None else int(max(ytr.max(), yte.max())) + 1  # neither split is empty
     for split, x, y in (("train", xtr, ytr), ("test", xte, yte)):
         check_features(x, f"x_{split}", name)
         check_labels(y, f"y_{split}", name, classes, declared=declared is not None)

@@ -57,8 +57,8 @@ class LocalResult:
 def client_generator(seed: int, server_round: int, cid: int) -> torch.Generator:
     """The private RNG of one logical client in one round (never the global RNG)."""
     gen = torch.Generator()
-    # Python ints do not overflow; the mix is reduced mod 2**63 for manual_seed.
-    gen.manual_seed((seed * 1_000_003 + server_round) * 1_000_033 + cid)
+    # Python ints do not overflow; the mix is reduced mod 2**64, the range manual_seed takes (any run seed works).
+    gen.manual_seed(((seed * 1_000_003 + server_round) * 1_000_033 + cid) % 2**64)
     return gen
 
 

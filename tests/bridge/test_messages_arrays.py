@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import Array
 
-from bridge.messages import npy_array
+from bridge.messages import npy_array, payload_to_record, record_to_payload
 from strategies.replies import check_values
 
 ARRAYS = {
@@ -29,12 +29,14 @@ ARRAYS = {
 
 
 @pytest.mark.parametrize("name", list(ARRAYS))
-def test_npy_array_gives_flowers_bytes(name: str) -> None:
+def test_npy_array_gives_flowers_bytes_and_the_arrays_shape(name: str) -> None:
     arr = ARRAYS[name]
-    ours, flowers = npy_array(arr), Array(np.ascontiguousarray(arr))
+    ours, flowers = npy_array(arr), Array(np.asarray(arr, order="C"))
     assert (ours.dtype, ours.shape, ours.stype) == (flowers.dtype, flowers.shape, flowers.stype)
     assert isinstance(ours.data, bytes) and ours.data == flowers.data
-    np.testing.assert_array_equal(ours.numpy(), arr)
+    back = record_to_payload(payload_to_record({"a": arr}))["a"]
+    assert ours.shape == arr.shape == back.shape and back.dtype == arr.dtype  # a 0-d array stays 0-d
+    np.testing.assert_array_equal(back, arr)
 
 
 @pytest.mark.filterwarnings("ignore:Stored array in format 2.0")

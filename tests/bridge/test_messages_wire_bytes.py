@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from bridge.messages import MAX_CHUNK, client_metrics, model_record, payload_to_record, wire_bytes
+from bridge.messages import MAX_CHUNK, client_metrics, model_record, payload_bytes, payload_to_record, wire_bytes
 from fedsketch import wire
 
 
@@ -32,6 +32,15 @@ def fresh(record: ArrayRecord) -> ArrayRecord:
 
 
 RNG = np.random.default_rng(0)
+
+
+def _marked(shape: tuple[int, ...]) -> np.ndarray:
+    """Ones, with one value changed in every chunk: no two chunks alike."""
+    arr = np.ones(shape, np.float32)
+    arr.reshape(-1)[:: MAX_CHUNK // 4] = np.arange(2, 2 + arr.size // (MAX_CHUNK // 4) + 1)
+    return arr
+
+
 CASES = {
     "a model": model_record(RNG.standard_normal(299_018).astype(np.float32)),
     "an empty record": ArrayRecord({}),
@@ -50,7 +59,14 @@ CASES = {
     ),
     "two chunks": ArrayRecord({"w": Array(RNG.standard_normal(MAX_CHUNK // 4 + 7).astype(np.float32))}),
     "identical chunks (zeros over 3 chunks)": ArrayRecord({"z": Array(np.zeros(MAX_CHUNK, np.float32))}),
-    "a 10 x 10^6 table of ones": ArrayRecord({"t": Array(np.ones((10, 10**6), np.float32))}),
+    "an 11 x 10^6 table of nine distinct chunks": ArrayRecord({"t": Array(_marked((11, 10**6)))}),
+    "the same bytes under two dtypes and shapes": ArrayRecord(
+        {
+            "f": Array("float32", (4,), "numpy.ndarray", np.arange(4, dtype=np.float32).tobytes()),
+            "i": Array("int32", (4,), "numpy.ndarray", np.arange(4, dtype=np.float32).tobytes()),
+            "m": Array("float32", (2, 2), "numpy.ndarray", np.arange(4, dtype=np.float32).tobytes()),
+        }
+    ),
 }
 
 
@@ -94,3 +110,62 @@ def test_random_records(seed: int) -> None:
         arrays["again"] = next(iter(arrays.values()))
     record = ArrayRecord(arrays)
     assert wire_bytes(fresh(record)) == deflated(fresh(record))
+
+
+def _repeats_its_first_chunk() -> np.ndarray:
+    """Bytes whose second chunk is the first, header and all: Flower sends that chunk once."""
+    n = 2 * MAX_CHUNK - 128
+    arr = RNG.integers(0, 256, n, dtype=np.uint8)
+    header = payload_to_record({"r": arr})["r"].data[:128]
+    assert header.endswith(b"\n") and len(header) == 128  # np.save's header of this array, padded to 128 bytes
+    arr[MAX_CHUNK - 128 :] = np.frombuffer(header + arr[: MAX_CHUNK - 128].tobytes(), np.uint8)
+    return arr
+
+
+FIELDS = np.dtype([(f"field_{i:04d}_" + "x" * 40, "f4") for i in range(1500)])
+PAYLOADS = {
+    "a sparse payload": lambda: {"idx": np.arange(0, 300, 3), "val": RNG.standard_normal(100).astype(np.float32)},
+    "0-d, empty, bool and float16": lambda: {
+        "s": np.array(2.5),
+        "e": np.zeros(0, np.int32),
+        "b": np.ones((2, 3), bool),
+        "h": np.linspace(-1, 1, 9, dtype=np.float16),
+    },
+    "not C-contiguous and big-endian": lambda: {
+        "t": np.arange(12, dtype=np.int32).reshape(3, 4).T,
+        "b": np.arange(5, dtype=">f8"),
+    },
+    "identical arrays under two names": lambda: {
+        "a": np.zeros(10, np.float32),
+        "b": np.zeros(10, np.float32),
+        "c": np.zeros(10, np.float64),
+    },
+    "two chunks": lambda: {"w": RNG.standard_normal(MAX_CHUNK // 4 + 7).astype(np.float32)},
+    "a transposed array whose Fortran-order header is a block shorter": lambda: {
+        "t": np.arange(300, dtype=np.uint8).reshape((100,) + (1,) * 12 + (3,)).T
+    },
+    "a chunk equal to the first, header and all": lambda: {"r": _repeats_its_first_chunk()},
+    "a header that needs npy format 2.0": lambda: {"f": np.zeros(1, FIELDS), "g": np.ones(3, np.float32)},
+}
+
+
+@pytest.mark.filterwarnings("ignore:Stored array in format 2.0")
+@pytest.mark.parametrize("name", list(PAYLOADS))
+def test_a_payload_counts_what_flower_deflates_for_its_record(name: str) -> None:
+    """What a merged client would have sent, counted without building its record."""
+    payload = PAYLOADS[name]()
+    assert payload_bytes(payload) == deflated(payload_to_record(payload)) == wire_bytes(payload_to_record(payload))
+
+
+def test_a_chunk_that_repeats_the_first_is_sent_once() -> None:
+    arr = _repeats_its_first_chunk()
+    assert payload_bytes({"r": arr}) < arr.nbytes  # the whole second chunk is left out
+    other = arr.copy()
+    other[-1] ^= 1
+    assert payload_bytes({"r": other}) > arr.nbytes
+
+
+def test_an_array_alone_counts_its_metadata_and_each_distinct_chunk() -> None:
+    """Any Flower object is counted with what it references, not only a record."""
+    for arr in (np.zeros(MAX_CHUNK // 2 + 9, np.float32), np.arange(10, dtype=np.int64)):
+        assert wire_bytes(Array(arr)) == deflated(Array(arr))

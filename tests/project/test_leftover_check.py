@@ -59,6 +59,7 @@ def _child_renamed(parent: int, timeout_s: float = 30.0) -> int:
     raise AssertionError(f"no renamed child under {parent} after {timeout_s} s")
 
 
+@pytest.mark.slow  # starts real processes and waits for them
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_a_look_alike_started_by_other_work_is_not_counted() -> None:
     since = uptime_s()
@@ -72,6 +73,7 @@ def test_a_look_alike_started_by_other_work_is_not_counted() -> None:
         assert theirs.pid not in found
 
 
+@pytest.mark.slow  # starts real processes and waits for them
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_a_renamed_process_counts_as_ours_only_under_a_parent_of_ours() -> None:
     since = uptime_s()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pip builds the wheel in a process of its own: about 4 s
+
 ROOT = Path(__file__).resolve().parents[2]
 # A ratchet, not the goal: 20,013 lines shipped on 2026-11-28 (issue 48 asks for 16,000); lower it as code goes.
 PRODUCT_LINES = 20_100

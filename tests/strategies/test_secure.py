@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flwr.app import Message
 
 from bridge.flower import task_identity
+from bridge.messages import wire_bytes
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import checked_mean, quantization_error
@@ -115,11 +117,90 @@ def test_a_sum_is_checked_against_an_exact_layout_only() -> None:
     )
 
 
+SPEC = {"b": ((2,), np.dtype(np.float16)), "a": ((3,), np.dtype(np.float32))}
+
+
+@pytest.mark.parametrize(
+    ("mean", "why"),
+    [
+        (None, "the protocol halted (too few nodes answered)"),
+        ([np.ones(3)], "arrays of shapes [(3,)]; expected [(3,), (2,)]"),
+        ([np.ones(3), np.ones(2), np.ones(1)], "arrays of shapes [(3,), (2,), (1,)]; expected [(3,), (2,)]"),
+        ([np.ones(2), np.ones(3)], "arrays of shapes [(2,), (3,)]; expected [(3,), (2,)]"),
+        ([np.ones(3), np.array([1.0, np.inf])], "NaN or Inf in the sum"),
+        ([np.array([np.nan, 0, 0]), np.ones(2)], "NaN or Inf in the sum"),
+    ],
+)
+def test_a_sum_of_another_layout_or_not_finite_is_refused_with_the_reason(mean: Any, why: str) -> None:
+    assert checked_mean(mean, SPEC) == (None, why)
+
+
+def test_a_sum_takes_the_layouts_names_in_order_and_its_dtypes() -> None:
+    payload, why = checked_mean([np.arange(3.0), np.array([0.5, -2.0])], SPEC)
+    assert why == "" and payload is not None and list(payload) == ["a", "b"]
+    assert payload["a"].dtype == np.float32 and payload["b"].dtype == np.float16
+    assert payload["a"].tolist() == [0.0, 1.0, 2.0] and payload["b"].tolist() == [0.5, -2.0]
+
+
+def test_the_error_bound_is_one_quantization_level_per_node_over_the_total_weight() -> None:
+    level = 2 * 8.0 / 2**22
+    assert quantization_error(1, 1.0) == level
+    assert quantization_error(3, 0.5) == pytest.approx(3 * level / 0.5, rel=1e-12)
+
+
 def test_secure_aggregation_is_refused_where_it_cannot_work() -> None:
     with pytest.raises(ConfigError, match="add up linearly"):
         RunConfig.from_mapping({"strategy": "qsgd", "secure-aggregation": True})
     with pytest.raises(ConfigError, match="not combined"):
         RunConfig.from_mapping({"secure-aggregation": True, "clip-norm": 1.0, "dp-noise-multiplier": 1.0})
+
+
+def secure_strategy(**settings: object) -> FedSketchStrategy:
+    return build_strategy(
+        RunConfig.from_mapping({**SETTINGS, "strategy": "fedavg", "secure-aggregation": True, **settings}), None
+    )
+
+
+def test_a_secure_round_that_halts_counts_every_client_it_did_not_hear_from() -> None:
+    """SecAgg+ needs two nodes: with one, the round halts, and its clients count as timeouts."""
+    strat = secure_strategy(**{"num-rounds": 1})
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=1))
+    (row,) = strat.history
+    assert (row["timeouts"], row["clients"], row["skipped_rounds"]) == (strat.cfg.clients_per_round, 0, 1)
+
+
+def test_a_node_silent_in_the_last_secure_stage_is_waited_for_until_the_timeout() -> None:
+    """SecAgg+'s last stage collects the shares that unmask the sum: a node silent there is waited for only until
+    the round's timeout, and its masked upload is still unmasked from the others' shares."""
+    stages: list[int] = []
+
+    def silent_at_unmask(requests: list[Message], replies: list[Message]) -> list[Message]:
+        stages.append(len(requests))
+        return [m for m in replies if m.metadata.src_node_id != 101] if len(stages) == 4 else replies
+
+    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 6, "round-timeout": 0.5})
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=3, tamper=silent_at_unmask))
+    (row,) = strat.history
+    assert len(stages) == 4 and (row["clients"], row["skipped_rounds"]) == (6, 0)
+
+
+def test_a_secure_rounds_bytes_are_what_its_four_stages_serialize() -> None:
+    """Keys, shares, masked uploads and unmasking: every request and reply of the protocol is billed."""
+    exchanges: list[tuple[list[Message], list[Message]]] = []
+
+    def record(requests: list[Message], replies: list[Message]) -> list[Message]:
+        exchanges.append((requests, replies))
+        return replies
+
+    strat = secure_strategy()
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=3, tamper=record))
+    (row,) = strat.history
+    assert len(exchanges) == 4
+    assert row["download_bytes"] == sum(wire_bytes(m.content) for requests, _ in exchanges for m in requests)
+    assert row["upload_bytes"] == sum(wire_bytes(m.content) for _, replies in exchanges for m in replies)
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ one row per module and a total (docs/mutation.md):
 
 The score is killed / (killed + survived), as the mutation-testing literature defines it:
 equivalent mutants are excluded, mutants no selected test reaches count as survived, and
-timeouts (a mutant that made a test hang) count as killed.
+timeouts (a mutant that made a test hang) count as killed. The CUDA-only mutants count as
+survived in the score; the score "on a CPU" leaves them out, as a machine without CUDA cannot
+tell them apart (the tests marked ``gpu`` check them where a GPU is present).
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ class Tally:
         """killed / (killed + survived); timeouts are kills, unreached and CUDA-only survive."""
         caught = sum(self.counts[c] for c in CAUGHT)
         missed = sum(self.counts[c] for c in MISSED)
+        return caught / (caught + missed) if caught + missed else None
+
+    @property
+    def cpu_score(self) -> float | None:
+        """The score without the CUDA-only mutants, which a CPU cannot decide."""
+        caught = sum(self.counts[c] for c in CAUGHT)
+        missed = sum(self.counts[c] for c in MISSED if c != NEEDS_CUDA)
         return caught / (caught + missed) if caught + missed else None
 
     def add(self, other: Tally) -> None:
@@ -154,7 +163,7 @@ def _percent(score: float | None) -> str:
 
 
 def table(modules: Mapping[str, Tally]) -> list[str]:
-    header = ["module", "mutants", *COLUMNS, "score"]
+    header = ["module", "mutants", *COLUMNS, "score", "on a CPU"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += [_row(f"`{name}`", module) for name, module in sorted(modules.items())]
     lines.append(_row("**all**", total(modules)))
@@ -162,7 +171,8 @@ def table(modules: Mapping[str, Tally]) -> list[str]:
 
 
 def _row(label: str, module: Tally) -> str:
-    cells = [label, str(module.mutants), *(str(module.counts[c]) for c in COLUMNS), _percent(module.score)]
+    counts = (str(module.counts[c]) for c in COLUMNS)
+    cells = [label, str(module.mutants), *counts, _percent(module.score), _percent(module.cpu_score)]
     return "| " + " | ".join(cells) + " |"
 
 

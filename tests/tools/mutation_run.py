@@ -125,8 +125,9 @@ def mutmut_installed() -> bool:
 
 
 def run_group(copy: Path, log: Path, children: int = 1) -> tuple[int, float]:
-    """``mutmut run --max-children CHILDREN`` in ``copy`` (niced, no PYTHONPATH); its exit code and wall seconds."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """``mutmut run --max-children CHILDREN`` in ``copy`` (niced, no PYTHONPATH, torch on one thread a child: each
+    child has its core); its exit code and wall seconds."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     start = time.monotonic()
     with log.open("wb") as out:
         cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]

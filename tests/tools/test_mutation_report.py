@@ -55,9 +55,12 @@ def test_the_score_excludes_equivalents_and_counts_unreached_and_cuda_only_as_su
     modules, _ = mr.tally(run / "mutants", mr.load_listed(run / "listed.toml"))
     assert modules["pkg/a.py"].score == 7 / 8  # 6 killed + 1 timeout over 8: the equivalent is out
     assert modules["pkg/b.py"].score == 1 / 3
+    assert modules["pkg/b.py"].cpu_score == 1 / 2  # the CUDA-only mutant left out on a CPU
+    assert modules["pkg/a.py"].cpu_score == 7 / 8 and mr.Tally().cpu_score is None
     text = mr.report(modules, [], survivors=False)
-    assert "| `pkg/a.py` | 9 | 6 | 1 | 1 | 0 | 1 | 0 | 0 | 0 | 87.5% |" in text
-    assert "| **all** | 12 | 7 | 1 | 1 | 1 | 1 | 1 | 0 | 0 | 72.7% |" in text
+    assert "| `pkg/a.py` | 9 | 6 | 1 | 1 | 0 | 1 | 0 | 0 | 0 | 87.5% | 87.5% |" in text
+    assert "| `pkg/b.py` | 3 | 1 | 0 | 0 | 1 | 0 | 1 | 0 | 0 | 33.3% | 50.0% |" in text
+    assert "| **all** | 12 | 7 | 1 | 1 | 1 | 1 | 1 | 0 | 0 | 72.7% | 80.0% |" in text
 
 
 def test_the_command_writes_the_report_and_fails_below_the_goals(run: Path, capsys) -> None:

@@ -88,7 +88,7 @@ def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, cap
     out = tmp_path / "report.md"
     code = mr.main(["schedule", "--work", str(tmp_path), "--out", str(out), "--min-module", "100"])
     assert code == 0, (tmp_path / "schedule.log").read_text()[-2000:]
-    assert "| `fedsketch/server/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% |" in out.read_text()
+    assert "| `fedsketch/server/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |" in out.read_text()
 
 
 def test_pyprojects_table_is_the_union_of_the_groups() -> None:

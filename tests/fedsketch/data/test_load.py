@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,7 +237,7 @@ def test_mnist_t10k_holds_out_a_fixed_part_of_the_test_split(tmp_path: Path, lay
     (mean,), (std,) = NORMALIZATION["mnist"]
     pixels = torch.cat([data.train_x, data.test_x]).flatten(1)[:, 0].sort().values
     expected = torch.from_numpy(images[:, 0, 0].astype(np.float32) / 255).sub(mean).div(std).sort().values
-    torch.testing.assert_close(pixels, expected)
+    assert torch.allclose(pixels, expected)
     other = load_federated(DataSpec(dataset="mnist_t10k", root=str(tmp_path), partition="iid", num_clients=10, seed=1))
     assert not torch.equal(other.test_y, data.test_y)  # the holdout is drawn from the seed
 
@@ -260,3 +261,274 @@ def test_an_iterable_dataset_is_refused_naming_the_split() -> None:
     spec = DataSpec(partition="iid", num_clients=2)
     with pytest.raises(ValueError, match="^data: the train Dataset has no length"):
         from_arrays(_Stream(), None, TensorDataset(x, y), None, spec, name="data")
+
+
+def test_synthetic_text_is_the_generated_documents_of_the_seed() -> None:
+    from fedsketch.data import text
+
+    data = load_federated(DataSpec(dataset="synthetic_text", partition="iid", num_clients=3, seed=5))
+    made = text.generate_text(5)
+    assert data.name == "synthetic_text" and data.num_classes == text.NUM_CLASSES == 10
+    assert data.input_shape == (text.DOC_LEN,) and data.num_clients == 3
+    for got, want in ((data.train_x, made.x_train), (data.train_y, made.y_train), (data.test_x, made.x_test)):
+        assert np.array_equal(got.numpy(), want)
+    assert np.array_equal(data.test_y.numpy(), made.y_test)
+
+
+def test_synthetic_data_follows_its_settings() -> None:
+    from fedsketch.data.synthetic import NUM_CLASSES, generate_synthetic
+
+    spec = DataSpec(
+        num_clients=4, synthetic_devices=6, synthetic_alpha=0.5, synthetic_beta=1.5, seed=2, partition="iid"
+    )
+    data = load_federated(spec)
+    made = generate_synthetic(6, 0.5, 1.5, 2)
+    assert data.name == "synthetic(0.5,1.5)" and data.num_classes == NUM_CLASSES and data.num_clients == 4
+    assert np.array_equal(data.train_x.numpy(), made.x_train) and np.array_equal(data.test_y.numpy(), made.y_test)
+    one = load_federated(DataSpec(num_clients=1, seed=1, synthetic_alpha=1.0, synthetic_beta=1.0))
+    assert int(max(one.train_y.max(), one.test_y.max())) < 9 and one.num_classes == NUM_CLASSES == 10  # not the labels'
+    natural = load_federated(DataSpec(num_clients=5, seed=2, synthetic_alpha=0.5, synthetic_beta=1.5))
+    made = generate_synthetic(5, 0.5, 1.5, 2)  # the devices default to the clients
+    assert np.array_equal(natural.train_x.numpy(), made.x_train)
+    assert [p.tolist() for p in natural.client_indices] == [
+        np.flatnonzero(made.client_train == c).tolist() for c in range(5)
+    ]
+
+
+def _npz(path: Path, **extra: np.ndarray) -> Path:
+    rng = np.random.default_rng(4)
+    arrays = {"x_train": rng.normal(size=(8, 3)), "y_train": np.arange(8) % 4, "x_test": rng.normal(size=(4, 3))}
+    np.savez(path, **{**arrays, "y_test": np.arange(4) % 2, **extra})
+    return path
+
+
+def test_npz_arrays_are_read_as_saved_and_named_by_their_file(tmp_path: Path) -> None:
+    path = _npz(tmp_path / "mine.npz")
+    data = load_federated(DataSpec(dataset="npz", root=str(path), partition="iid", num_clients=2))
+    with np.load(path) as saved:
+        assert np.array_equal(data.train_x.numpy(), saved["x_train"].astype(np.float32))
+        assert data.test_y.tolist() == saved["y_test"].tolist() and data.num_classes == 4
+    assert data.name == f"npz:{path}"
+    with pytest.raises(ValueError, match=f"^npz:{re.escape(str(path))} has no natural clients"):
+        load_federated(DataSpec(dataset="npz", root=str(path), num_clients=2))
+
+
+@pytest.mark.parametrize(
+    ("saved", "message"),
+    [
+        ({"x_train": np.zeros((2, 2))}, "lacks arrays ['y_train', 'x_test', 'y_test']; it has ['x_train']"),
+        (
+            {"y_test": np.zeros(2), "x_test": np.zeros((2, 2)), "w": np.zeros(1)},
+            "lacks arrays ['x_train', 'y_train']; it has ['w', 'x_test', 'y_test']",
+        ),
+    ],
+)
+def test_an_npz_without_every_split_names_what_it_lacks(
+    tmp_path: Path, saved: dict[str, np.ndarray], message: str
+) -> None:
+    path = tmp_path / "part.npz"
+    np.savez(path, **saved)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"^npz: {re.escape(str(path))} {re.escape(message)}$"):
+        load_federated(DataSpec(dataset="npz", root=str(path), partition="iid", num_clients=1))
+
+
+@pytest.mark.parametrize("root", ["", "missing.npz"])
+def test_a_missing_npz_says_how_to_write_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    where = tmp_path / root if root else "(empty data root)"
+    with pytest.raises(FileNotFoundError) as err:
+        load_federated(DataSpec(dataset="npz", root=str(tmp_path / root) if root else "", partition="iid"))
+    assert str(err.value) == (
+        f"npz: no file at {where}; set the data root to a .npz written by numpy.savez(path, x_train=..., "
+        "y_train=..., x_test=..., y_test=..., client_ids=...) (client_ids optional, for the natural partition)"
+    )
+
+
+def _t10k(folder: Path, n: int, *, labels: int | None = None, gz: bool = False) -> tuple[Path, Path]:
+    images = np.arange(n * 4, dtype=np.uint8).reshape(n, 2, 2)
+    suffix = ".gz" if gz else ""
+    write_idx(folder / f"t10k-images-idx3-ubyte{suffix}", images, gz=gz)
+    write_idx(folder / f"t10k-labels-idx1-ubyte{suffix}", np.arange(n if labels is None else labels) % 10, gz=gz)
+    return folder / f"t10k-images-idx3-ubyte{suffix}", folder / f"t10k-labels-idx1-ubyte{suffix}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_idx_files_hold_out_a_seeded_part_and_keep_every_image_once_in_order(tmp_path: Path, seed: int) -> None:
+    from fedsketch.data import from_idx_files
+
+    images, labels = _t10k(tmp_path, 30)
+    spec = DataSpec(partition="iid", num_clients=2, seed=seed)
+    data = from_idx_files(str(images), str(labels), spec, holdout=7)
+    pixels = np.concatenate([data.train_x[:, 0, 0, 0].numpy(), data.test_x[:, 0, 0, 0].numpy()])
+    rows = np.rint((pixels * 0.3081 + 0.1307) * 255 / 4).astype(int)  # pixel (0, 0) of image i is 4 i
+    train, test = rows[:23], rows[23:]
+    assert sorted(rows.tolist()) == list(range(30)) and len(test) == 7
+    assert train.tolist() == sorted(train.tolist()) and test.tolist() == sorted(test.tolist())
+    assert data.train_y.tolist() == (train % 10).tolist() and data.test_y.tolist() == (test % 10).tolist()
+    expected = np.sort(np.random.default_rng([seed, 0x1D5]).permutation(30)[:7])
+    assert test.tolist() == expected.tolist()
+    assert data.name == "mnist:t10k-images-idx3-ubyte" and data.num_classes == 10 and data.input_shape == (1, 2, 2)
+
+
+def test_idx_files_take_the_named_data_sets_figures(tmp_path: Path) -> None:
+    from fedsketch.data import from_idx_files
+
+    images, labels = _t10k(tmp_path, 12, gz=True)
+    data = from_idx_files(images, labels, DataSpec(partition="iid", num_clients=1), holdout=1, dataset="fashion_mnist")
+    assert data.name == "fashion_mnist:t10k-images-idx3-ubyte.gz" and data.train_x.shape[0] == 11
+    (mean,), (std,) = NORMALIZATION["fashion_mnist"]
+    first = torch.cat([data.train_x, data.test_x])[:, 0, 0, 0].min()
+    assert torch.allclose(first, torch.tensor(-mean / std))  # image 0's pixel (0, 0) is 0
+
+
+@pytest.mark.parametrize("holdout", [0, 10, 11, -1])
+def test_idx_files_refuse_a_holdout_that_leaves_a_split_empty(tmp_path: Path, holdout: int) -> None:
+    from fedsketch.data import from_idx_files
+
+    images, labels = _t10k(tmp_path, 10)
+    with pytest.raises(ValueError, match=rf"^holdout must be between 1 and 9; got {holdout}$"):
+        from_idx_files(str(images), str(labels), DataSpec(partition="iid", num_clients=1), holdout=holdout)
+    assert (
+        from_idx_files(str(images), str(labels), DataSpec(partition="iid", num_clients=1), holdout=9).test_x.shape[0]
+        == 9
+    )
+
+
+def test_idx_files_of_different_lengths_are_refused(tmp_path: Path) -> None:
+    from fedsketch.data import from_idx_files
+
+    images, labels = _t10k(tmp_path, 10, labels=9)
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{images} has 10 images but {labels} has 9 labels')}$"):
+        from_idx_files(str(images), str(labels), DataSpec(partition="iid", num_clients=1))
+
+
+def test_mnist_t10k_prefers_the_root_and_plain_files(tmp_path: Path) -> None:
+    _t10k(tmp_path / "MNIST" / "raw", T10K_N)
+    assert load_federated(_t10k_spec(tmp_path)).name == "mnist:t10k-images-idx3-ubyte"
+    _t10k(tmp_path, T10K_N, gz=True)
+    assert load_federated(_t10k_spec(tmp_path, seed=1)).name == "mnist:t10k-images-idx3-ubyte.gz"
+    _t10k(tmp_path, T10K_N)
+    assert load_federated(_t10k_spec(tmp_path, seed=2)).name == "mnist:t10k-images-idx3-ubyte"
+
+
+T10K_N = 2010
+
+
+def _t10k_spec(root: Path | str, seed: int = 0) -> DataSpec:
+    return DataSpec(dataset="mnist_t10k", root=str(root), partition="iid", num_clients=2, seed=seed)
+
+
+def test_mnist_t10k_with_an_empty_root_does_not_read_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _t10k(tmp_path, T10K_N)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        load_federated(_t10k_spec(""))
+    assert str(err.value) == (
+        "mnist_t10k: no t10k-images-idx3-ubyte[.gz] in (empty data root) or its MNIST/raw/; set the data root to a "
+        "folder holding MNIST's test split (t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz)"
+    )
+
+
+def test_mnist_t10k_without_the_labels_names_them(tmp_path: Path) -> None:
+    _t10k(tmp_path, T10K_N)
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"^mnist_t10k: no t10k-labels-idx1-ubyte\[\.gz\] in {tmp_path} or"):
+        load_federated(_t10k_spec(tmp_path))
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
+def test_an_image_set_with_an_empty_root_names_the_files_to_put_there(dataset: str) -> None:
+    from fedsketch.data.registry import DATASETS
+
+    message = (
+        f"dataset {dataset!r} is read from local files and the data root is empty: "
+        f"set it to a folder holding {DATASETS[dataset].files}"
+    )
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
+        load_federated(DataSpec(dataset=dataset, partition="iid"))
+
+
+def test_a_hugging_face_folder_keeps_its_classes_clients_and_name(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {"v": datasets.Value("float32"), "label": datasets.ClassLabel(num_classes=5), "who": datasets.Value("string")}
+    )
+    rows = {"v": [float(i) for i in range(12)], "label": [i % 3 for i in range(12)], "who": list("aabbbccccaab")}
+    split = datasets.Dataset.from_dict(rows, features=features)
+    datasets.DatasetDict({"train": split, "test": split.select(range(4))}).save_to_disk(str(tmp_path / "hf"))
+    spec = DataSpec(dataset="huggingface", root=str(tmp_path / "hf"), hf_client_id="who", num_clients=3)
+    data = load_federated(spec)
+    assert data.name == f"huggingface:{tmp_path / 'hf'}" and data.num_classes == 5  # the ClassLabel's, not 3
+    assert [p.tolist() for p in data.client_indices] == [[0, 1, 9, 10], [2, 3, 4, 11], [5, 6, 7, 8]]
+    assert data.train_y.tolist() == rows["label"] and data.test_y.tolist() == rows["label"][:4]
+    assert data.input_shape == (1,) and data.train_x.dtype == torch.float32
+
+
+def test_an_npz_holding_pickled_objects_is_refused(tmp_path: Path) -> None:
+    """An object array is a pickle, and unpickling a data file can run code."""
+    path = _npz(tmp_path / "objects.npz", client_ids=np.array(["a", 1, None, "b"] * 2, dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        load_federated(DataSpec(dataset="npz", root=str(path), num_clients=3))
+
+
+@pytest.mark.parametrize(
+    ("given", "setting", "classes"),
+    [(None, 0, 5), (None, 7, 7), (6, 7, 6), (6, 0, 6)],
+)
+def test_the_class_count_is_the_given_one_else_the_setting_else_the_largest_label_of_both_splits(
+    given: int | None, setting: int, classes: int
+) -> None:
+    x = torch.zeros(6, 2)
+    y_train, y_test = torch.tensor([0, 2, 1, 0, 2, 1]), torch.tensor([4, 0, 1, 0, 1, 2])
+    spec = DataSpec(partition="iid", num_clients=2, num_classes=setting)
+    assert from_arrays(x, y_train, x, y_test, spec, num_classes=given).num_classes == classes
+    spec = DataSpec(partition="iid", num_clients=2, num_classes=setting)
+    assert from_arrays(x, y_test, x, y_train, spec, num_classes=given).num_classes == classes
+
+
+@pytest.mark.parametrize(
+    ("given", "setting", "origin"), [(3, 0, "the setting 'num-classes'"), (None, 3, "the setting 'num-classes'")]
+)
+def test_a_label_outside_the_declared_classes_is_refused_naming_the_split(
+    given: int | None, setting: int, origin: str
+) -> None:
+    from fedsketch.data.checks import DataError
+
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 2, 1])
+    spec = DataSpec(partition="iid", num_clients=1, num_classes=setting)
+    message = f"y_test of mine: label 5 at index 2 is outside [0, 3) (3 classes, from {origin}; 1 labels outside)"
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        from_arrays(x, y, x, torch.tensor([0, 1, 5, 1]), spec, name="mine", num_classes=given)
+    with pytest.raises(
+        DataError, match=r"^y_train of mine: label -1 at index 0 .*from the data set; 1 labels outside\)$"
+    ):
+        from_arrays(x, torch.tensor([-1, 1, 2, 1]), x, y, DataSpec(partition="iid", num_clients=1), name="mine")
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_sample_that_is_not_finite_is_refused_naming_its_split(split: str) -> None:
+    from fedsketch.data.checks import DataError
+
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 0, 1])
+    bad = x.clone()
+    bad[3, 1] = float("inf")
+    arrays = (bad, y, x, y) if split == "train" else (x, y, bad, y)
+    with pytest.raises(DataError, match=f"^x_{split} of mine: sample 3 holds"):
+        from_arrays(*arrays, DataSpec(partition="iid", num_clients=1), name="mine")
+
+
+def test_from_arrays_keeps_the_arrays_shape_name_and_natural_clients() -> None:
+    x, y = torch.arange(24.0).reshape(6, 2, 2), torch.tensor([0, 1, 0, 1, 2, 2])
+    ids = ["b", "a", "b", "c", "a", "c"]
+    data = from_arrays(x, y, x[:2], y[:2], DataSpec(num_clients=3), client_ids=ids, name="mine")  # type: ignore[arg-type]
+    assert data.name == "mine" and data.input_shape == (2, 2) and data.num_classes == 3
+    assert torch.equal(data.train_x, x) and torch.equal(data.test_x, x[:2]) and torch.equal(data.test_y, y[:2])
+    assert [p.tolist() for p in data.client_indices] == [[1, 4], [0, 2], [3, 5]]  # ids in sorted order
+    assert isinstance(data.client_indices, tuple)
+    with pytest.raises(ValueError) as err:
+        from_arrays(x, y, x, y, DataSpec(num_clients=3), name="mine")
+    assert str(err.value) == (
+        "mine has no natural clients (no client ids): choose partition iid, dirichlet, pathological or shards"
+    )

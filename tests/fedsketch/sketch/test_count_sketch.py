@@ -267,6 +267,7 @@ def other_process() -> dict[str, object]:
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # a second Python process that imports torch: about 5 s
 def test_same_arguments_give_the_same_hashes_in_another_process(other_process: dict[str, object]) -> None:
     here = fingerprints()
     assert (other_process["table"], other_process["huge"]) == (here["table"], here["huge"])
