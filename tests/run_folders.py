@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 MB = 1_000_000
 
@@ -42,3 +45,24 @@ def two_methods(root: Path) -> Path:
             [(1, 60, 0.6 + shift), (2, 120, 0.7 + shift)],
         )
     return root
+
+
+def finals(groups: dict[str, list[list[dict[str, Any]]]]) -> dict[str, tuple[float, float]]:
+    """Each group's (mean final upload bytes, mean final accuracy), from its seeds' metrics rows."""
+    return {
+        label: (
+            float(np.mean([rows[-1]["cum_upload_bytes"] for rows in seeds])),
+            float(np.mean([rows[-1]["test_accuracy"] for rows in seeds])),
+        )
+        for label, seeds in groups.items()
+    }
+
+
+def front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """Brute force: the labels no other point beats on one and matches on the other, by increasing bytes."""
+    kept = [
+        a
+        for a, (ba, ya) in points.items()
+        if not any(bb <= ba and yb >= ya and (bb, yb) != (ba, ya) for bb, yb in points.values())
+    ]
+    return sorted(kept, key=lambda a: (points[a][0], -points[a][1]))

@@ -41,6 +41,7 @@ from experiments.analysis.plots import (
 )
 from experiments.analysis.results import RunGroup, collect_groups, format_bytes
 from fedsketch.server import runlog
+from tests import run_folders
 
 Rows = list[dict[str, Any]]
 UNITS = {"B": 1.0, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
@@ -105,27 +106,6 @@ def _experiment(
 def _shared(seeds: list[Rows]) -> list[Rows]:
     n = min(len(rows) for rows in seeds)
     return [rows[:n] for rows in seeds]
-
-
-def _finals(want: dict[str, list[Rows]]) -> dict[str, tuple[float, float]]:
-    """Each group's (mean final upload bytes, mean final accuracy)."""
-    return {
-        label: (
-            float(np.mean([rows[-1]["cum_upload_bytes"] for rows in seeds])),
-            float(np.mean([rows[-1]["test_accuracy"] for rows in seeds])),
-        )
-        for label, seeds in want.items()
-    }
-
-
-def _front(points: dict[str, tuple[float, float]]) -> list[str]:
-    """Brute force: the labels no other point beats on one and matches on the other, by increasing bytes."""
-    kept = [
-        a
-        for a, (ba, ya) in points.items()
-        if not any(bb <= ba and yb >= ya and (bb, yb) != (ba, ya) for bb, yb in points.values())
-    ]
-    return sorted(kept, key=lambda a: (points[a][0], -points[a][1]))
 
 
 def _value(text: str) -> float:
@@ -228,7 +208,7 @@ def _the_pareto_legend_names_each_group_and_whether_one_stopped_early(drawn: Dra
 
 def _the_pareto_figure_puts_each_groups_final_accuracy_band_at_its_mean_upload(drawn: Drawn) -> None:
     ax = _axes(drawn.figures[PARETO])
-    finals = _finals(drawn.rows)
+    finals = run_folders.finals(drawn.rows)
     bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert [bar.get_label().split(" (")[0] for bar in bars] == list(drawn.rows)
     for bar, (label, seeds) in zip(bars, drawn.rows.items(), strict=True):
@@ -246,8 +226,8 @@ def _the_pareto_figure_puts_each_groups_final_accuracy_band_at_its_mean_upload(d
 
 
 def _the_pareto_front_joins_the_undominated_groups_by_increasing_upload(drawn: Drawn) -> None:
-    finals = _finals(drawn.rows)
-    front = _front(finals)
+    finals = run_folders.finals(drawn.rows)
+    front = run_folders.front(finals)
     assert list(drawn.plots[PARETO].front) == front
     (line,) = [line for line in _axes(drawn.figures[PARETO]).get_lines() if line.get_label() == "Pareto front"]
     assert [*line.get_xdata(), *line.get_ydata()] == pytest.approx([finals[f][i] for i in (0, 1) for f in front])
@@ -369,13 +349,13 @@ def test_final_points_are_each_groups_mean_upload_and_accuracy_band_with_the_fro
     groups = [_group(rng, k, f"p{i}") for i, k in enumerate((1, 2, 3, 2, 1))]
     want = {g.label: [list(rows) for rows in g.seeds] for g in groups}
     points, front = final_points(groups)
-    finals = _finals(want)
+    finals = run_folders.finals(want)
     assert list(points) == list(want)
     for label, p in points.items():
         last = [rows[-1]["test_accuracy"] for rows in want[label]]
         assert [*p.x, *p.mean] == pytest.approx(finals[label])
         assert (p.low.tolist(), p.high.tolist()) == ([min(last)], [max(last)])
-    assert list(front) == _front(finals)
+    assert list(front) == run_folders.front(finals)
 
 
 def test_a_locator_on_no_axis_places_no_ticks() -> None:

@@ -24,6 +24,7 @@ from experiments.analysis.equal_bytes import compare
 from experiments.analysis.report import build_report, to_csv, to_markdown, write_report
 from experiments.analysis.results import collect_groups, format_bytes
 from fedsketch.server import runlog
+from tests import run_folders
 
 Rows = list[dict[str, Any]]
 SEEDS = range(4)
@@ -89,29 +90,8 @@ def _first(rows: Rows, target: float) -> dict[str, Any] | None:
     return hits[0] if hits else None
 
 
-def _front(points: dict[str, tuple[float, float]]) -> list[str]:
-    """The labels no other point beats on one and matches on the other, by increasing bytes."""
-    kept = [
-        a
-        for a, (ba, ya) in points.items()
-        if not any(bb <= ba and yb >= ya and (bb, yb) != (ba, ya) for bb, yb in points.values())
-    ]
-    return sorted(kept, key=lambda a: (points[a][0], -points[a][1]))
-
-
 def _reference(rows: dict[str, list[Rows]]) -> str | None:
     return next((label for label in rows if label.split()[0] == "fedavg"), None)
-
-
-def _finals(rows: dict[str, list[Rows]]) -> dict[str, tuple[float, float]]:
-    """(mean final upload bytes, mean final accuracy) of each group."""
-    return {
-        label: (
-            float(np.mean([s[-1]["cum_upload_bytes"] for s in seeds])),
-            float(np.mean([s[-1]["test_accuracy"] for s in seeds])),
-        )
-        for label, seeds in rows.items()
-    }
 
 
 def _targets(rows: dict[str, list[Rows]], seed: int) -> list[float]:
@@ -152,7 +132,7 @@ def test_the_csv_holds_each_groups_exact_numbers_as_the_rows_say(tmp_path: Path,
         want_header.append(f"seeds_reaching_{t:g}")
     assert header == want_header
     assert [line[0] for line in table] == list(rows)
-    front = _front(_finals(rows))
+    front = run_folders.front(run_folders.finals(rows))
     ref_total = np.mean([_total(s[-1]) for s in rows[ref]]) if ref else None
     for line, (label, seeds) in zip(table, rows.items(), strict=True):
         cells = dict(zip(header, line, strict=True))
@@ -203,7 +183,7 @@ def test_the_markdown_table_shows_each_groups_numbers_in_readable_units(tmp_path
     assert lines[start + 1] == "|" + "---|" * len(header)
     table = [line[2:-2].split(" | ") for line in lines[start + 2 : start + 2 + len(rows)]]
     assert lines[start + 2 + len(rows)] == ""
-    front = _front(_finals(rows))
+    front = run_folders.front(run_folders.finals(rows))
     ref_total = np.mean([_total(s[-1]) for s in rows[ref]]) if ref else None
     for cells, (label, seeds) in zip(table, rows.items(), strict=True):
         last = [s[-1] for s in seeds]
@@ -260,8 +240,8 @@ def test_the_markdown_says_how_to_read_it_who_stopped_the_verdict_and_the_front(
         assert after.startswith("\n".join([*head, "", *stopped, "", ""]))
     else:
         assert "Stopped" not in markdown
-    finals = _finals(rows)
-    front = _front(finals)
+    finals = run_folders.finals(rows)
+    front = run_folders.front(finals)
     verdict = compare(collect_groups(tmp_path / "exp")).sentence()
     assert markdown.endswith(
         "\n".join(
@@ -297,7 +277,7 @@ def test_without_a_target_the_report_takes_90_percent_of_the_best_mean_final_acc
     tmp_path: Path, seed: int
 ) -> None:
     rows, _ = _experiment(tmp_path / "exp", seed, list(LAYOUTS)[seed % len(LAYOUTS)], decimals=6)
-    finals = _finals(rows)
+    finals = run_folders.finals(rows)
     best = max(finals, key=lambda label: finals[label][1])  # the first listed on a tie
     target = round(0.9 * finals[best][1], 4)  # to four decimals, as shown
     assert target != 0.9 * finals[best][1]
