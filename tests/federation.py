@@ -5,6 +5,8 @@ ClientApp in one process) with what only tests need: ``tamper`` rewrites each ex
 corrupt, add), ``deliver`` each request as its node receives it, ``shuffle_seed`` shuffles the replies
 (as over a network), ``late`` holds a node's reply back for a number of pulls, and its waits pass at
 once on its own :class:`VirtualTime` (``clock``, for :func:`strategies.waiting.send_and_receive`).
+:class:`Recorder` keeps every exchange, and :func:`upload_of` / :func:`download_of` are the bytes a round's
+replies and requests serialize to, counted here independently of the strategy's billing.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import Message
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
 
+from bridge.messages import record_to_payload, wire_bytes
 from experiments.running.inprocess_grid import InProcessGrid
+from fedsketch import wire
 from strategies.waiting import Clock
 
 Tamper = Callable[[list[Message], list[Message]], list[Message]]
@@ -98,3 +103,84 @@ class TestGrid(InProcessGrid):
         replies = [reply for _, reply in self._held]
         self._held, self._pending = [], []
         return replies
+
+
+ROUND_SETTINGS = {
+    # a small run: two rounds of 4 of 12 clients, each client's batch all its examples
+    "num-clients": 12,
+    "clients-per-round": 4,
+    "model-hidden": 16,
+    "k": 40,
+    "sketch-rows": 3,
+    "sketch-cols": 400,
+    "num-rounds": 2,
+    "eval-every": 1,
+    "lr": 0.3,
+    "local-batch-size": 10_000,
+}
+
+Exchange = tuple[list[Message], list[RecordDict]]
+
+
+class Recorder:
+    """Grid tamper that keeps every exchange's requests and what its replies held, and changes nothing.
+
+    The strategy takes each client's arrays out of a reply as it reads them: kept here are
+    copies of the replies' record dicts, which share the records.
+    """
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+
+    def __call__(self, requests: list[Message], replies: list[Message]) -> list[Message]:
+        self.exchanges.append((requests, [RecordDict(dict(m.content)) for m in replies]))
+        return replies
+
+    def rounds(self) -> dict[int, list[Exchange]]:
+        """The exchanges of each round, in order."""
+        out: dict[int, list[Exchange]] = {}
+        for requests, replies in self.exchanges:
+            rnd = int(requests[0].content.config_records[wire.CONFIG_KEY][wire.ROUND])  # type: ignore[arg-type]
+            out.setdefault(rnd, []).append((requests, replies))
+        return out
+
+
+def sent(replies: list[RecordDict]) -> dict[int, tuple[dict[str, np.ndarray], int]]:
+    """Per client id, in id order: the payload it uploaded and its number of examples."""
+    out = {}
+    for content in replies:
+        for key, record in content.array_records.items():
+            parsed = wire.parse_cid(key)
+            if parsed is not None and parsed[0] == "update":
+                metrics = content.metric_records[wire.metrics_key(parsed[1])]
+                out[parsed[1]] = (record_to_payload(record), int(metrics[wire.NUM_EXAMPLES]))  # type: ignore[arg-type]
+    return dict(sorted(out.items()))
+
+
+def upload_of(replies: list[RecordDict]) -> int:
+    """Each client's update and metrics records, as serialized."""
+    total = 0
+    for content in replies:
+        for cid in (parsed[1] for parsed in map(wire.parse_cid, content.array_records) if parsed):
+            total += wire_bytes(content.array_records[wire.update_key(cid)])
+            total += wire_bytes(content.metric_records[wire.metrics_key(cid)])
+    return total
+
+
+def download_of(requests: list[Message]) -> int:
+    """What each logical client is sent: its node's message as if addressed to it alone.
+
+    A client's config lists its own id and (clients with state) its own settled round, each
+    billed as one small integer (``[0]``), whatever its value.
+    """
+    total = 0
+    for msg in requests:
+        config: dict[str, Any] = dict(msg.content.config_records[wire.CONFIG_KEY])
+        own = {wire.CIDS: [0], **({wire.SETTLED: [0]} if wire.SETTLED in config else {})}
+        for cid in config[wire.CIDS]:
+            total += wire_bytes(ConfigRecord({**config, **own}))
+            for key, record in msg.content.items():
+                shared = key != wire.CONFIG_KEY and not key.startswith("request.")  # request.<cid>: one client's own
+                if shared or key == wire.request_key(cid):
+                    total += wire_bytes(record)
+    return total

@@ -104,7 +104,7 @@ def _open(root: str) -> Any:
             return datasets.load_from_disk(str(path))
         except Exception as exc:  # noqa: BLE001  # e.g. a saved split without rows, which datasets cannot read back
             raise DataError(f"huggingface: datasets could not read the saved folder {path} ({_why(exc)})") from None
-    if not path.exists() and (path.is_absolute() or root.startswith((".", "~"))):
+    if not path.exists() and (path.is_absolute() or root.startswith(".")):  # "~" is absolute once expanded
         raise FileNotFoundError(f"huggingface: no folder {path}; " + _SAVE_HINT)
     try:
         return datasets.load_dataset(root)
@@ -168,6 +168,12 @@ def _labels(train: Any, test: Any, spec: DataSpec, name: str) -> tuple[np.ndarra
     y_train, y_test = (np.asarray(split.with_format("numpy")[column]) for split in (train, test))
     if isinstance(feature, datasets.ClassLabel):
         return y_train.astype(np.int64), y_test.astype(np.int64), feature.num_classes
+    for split, y in (("training", y_train), ("test", y_test)):
+        if y.dtype.kind == "f" and np.isnan(y).any():  # integers with a gap come as floats with NaN
+            row = int(np.flatnonzero(np.isnan(y))[0])
+            raise DataError(
+                f"{name}: column {column!r} (setting 'hf-label') has no label at row {row} of the {split} split"
+            )
     if y_train.dtype.kind in "iu" and y_test.dtype.kind in "iu":
         return y_train.astype(np.int64), y_test.astype(np.int64), None
     if y_train.dtype.kind in "UO" and y_test.dtype.kind in "UO":
@@ -177,8 +183,13 @@ def _labels(train: Any, test: Any, spec: DataSpec, name: str) -> tuple[np.ndarra
             first = int(np.flatnonzero(unseen)[0])
             raise DataError(f"{name}: test label {str(y_test[first])!r} at index {first} is not a training label")
         return np.searchsorted(classes, y_train.astype(str)), np.searchsorted(classes, y_test.astype(str)), len(classes)
+    held = (
+        f"{y_train.dtype}"
+        if y_train.dtype.kind == y_test.dtype.kind
+        else f"{y_train.dtype} in training, {y_test.dtype} in test"
+    )
     raise DataError(
-        f"{name}: column {column!r} (setting 'hf-label') holds {y_train.dtype}; expected class labels "
+        f"{name}: column {column!r} (setting 'hf-label') holds {held}; expected class labels of one kind "
         "(a ClassLabel, integers or strings)"
     )
 

@@ -24,8 +24,7 @@ from strategies import resume
 from strategies.replies import COUNTED_AS
 from strategies.server_app import build_strategy
 from strategies.strategy import DIVERGED_LOSS, FedSketchStrategy
-from tests.federation import TestGrid
-from tests.strategies import test_strategy_round_math as round_math
+from tests.federation import ROUND_SETTINGS, Recorder, TestGrid, download_of, sent, upload_of
 
 SETTINGS = {"strategy": "fedavg", "num-clients": 8, "clients-per-round": 4, "model-hidden": 8, "num-rounds": 5}
 
@@ -125,13 +124,13 @@ def test_aggregating_a_round_that_was_not_configured_is_refused() -> None:
 @pytest.mark.parametrize("name", ["sketched_sgd", "powersgd"])
 def test_both_exchanges_of_a_two_exchange_round_are_made_and_billed_what_they_carry(name: str) -> None:
     """Sketched-SGD and PowerSGD ask the round's clients a second time (:meth:`FedSketchStrategy._ask`)."""
-    cfg = RunConfig.from_mapping({**round_math.SETTINGS, "strategy": name})
-    strat, recorder = build_strategy(cfg, None), round_math.Recorder()
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": name})
+    strat, recorder = build_strategy(cfg, None), Recorder()
     with task_identity():
         strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
     for row, (first, second) in zip(strat.history, recorder.rounds().values(), strict=True):
-        assert row["upload_bytes"] == round_math.upload_of(first[1]) + round_math.upload_of(second[1])
-        assert row["download_bytes"] == round_math.download_of(first[0]) + round_math.download_of(second[0])
+        assert row["upload_bytes"] == upload_of(first[1]) + upload_of(second[1])
+        assert row["download_bytes"] == download_of(first[0]) + download_of(second[0])
         assert {m.metadata.dst_node_id for m in second[0]} <= {m.metadata.dst_node_id for m in first[0]}
         assert row["clients"] == cfg.clients_per_round and row["failures"] == 0
     second_round = recorder.rounds()[2][0][0]  # a returning client's pending support, PowerSGD's warm start
@@ -170,9 +169,7 @@ class SecondExchangeLate(TestGrid):
 
 
 def test_a_second_exchange_waits_the_round_timeout_and_no_longer() -> None:
-    cfg = RunConfig.from_mapping(
-        {**round_math.SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1, "round-timeout": 0.5}
-    )
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1, "round-timeout": 0.5})
     strat = build_strategy(cfg, None)
     grid = SecondExchangeLate(cfg.to_mapping(), num_nodes=2)
     with task_identity():
@@ -227,7 +224,7 @@ def second_exchange_node_left() -> Callable[[list[Message], list[Message]], list
 def test_a_node_that_leaves_before_the_second_exchange_is_its_own_client_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cfg = RunConfig.from_mapping({**round_math.SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1})
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1})
     strat = build_strategy(cfg, None)
     with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
         strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=second_exchange_node_left()))
@@ -259,8 +256,8 @@ def test_the_first_exchange_waits_the_round_timeout_and_no_longer() -> None:
 
 def test_clients_that_keep_state_are_told_the_last_round_their_upload_was_applied() -> None:
     """Local top-k clients keep their error: each request names, per client, the round whose upload counts."""
-    cfg = RunConfig.from_mapping({**round_math.SETTINGS, "strategy": "local_topk", "num-clients": 6, "num-rounds": 3})
-    strat, recorder = build_strategy(cfg, None), round_math.Recorder()
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "local_topk", "num-clients": 6, "num-rounds": 3})
+    strat, recorder = build_strategy(cfg, None), Recorder()
     with task_identity():
         strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
     applied: dict[int, int] = {}
@@ -272,7 +269,7 @@ def test_clients_that_keep_state_are_told_the_last_round_their_upload_was_applie
             assert told[-len(wire.config_ints(config, wire.CIDS)) :] == [
                 applied.get(cid, -1) for cid in wire.config_ints(config, wire.CIDS)
             ]
-        applied |= dict.fromkeys(round_math.sent(replies), rnd)  # every round is applied here
+        applied |= dict.fromkeys(sent(replies), rnd)  # every round is applied here
     assert {1, 2} <= set(told) and -1 in told  # returning clients and new ones were both asked
 
 

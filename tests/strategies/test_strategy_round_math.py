@@ -15,15 +15,12 @@ uniform weights would show.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
 
 from bridge.flower import task_identity
-from bridge.messages import record_to_payload, wire_bytes
+from bridge.messages import record_to_payload
 from fedsketch import wire
 from fedsketch.algorithms import fetchsgd
 from fedsketch.compress.sparse import decode_support
@@ -32,45 +29,8 @@ from fedsketch.methods.fetchsgd import ERROR_FEEDBACK
 from fedsketch.methods.sketched_sgd import CANDIDATE_FACTOR
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
-from tests.federation import TestGrid
-
-SETTINGS = {
-    "num-clients": 12,
-    "clients-per-round": 4,
-    "model-hidden": 16,
-    "k": 40,
-    "sketch-rows": 3,
-    "sketch-cols": 400,
-    "num-rounds": 2,
-    "eval-every": 1,
-    "lr": 0.3,
-    "local-batch-size": 10_000,
-}
-Exchange = tuple[list[Message], list[RecordDict]]
-
-
-class Recorder:
-    """Grid tamper that keeps every exchange's requests and what its replies held, and changes nothing.
-
-    The strategy takes each client's arrays out of a reply as it reads them: kept here are
-    copies of the replies' record dicts, which share the records.
-    """
-
-    def __init__(self) -> None:
-        self.exchanges: list[Exchange] = []
-
-    def __call__(self, requests: list[Message], replies: list[Message]) -> list[Message]:
-        self.exchanges.append((requests, [RecordDict(dict(m.content)) for m in replies]))
-        return replies
-
-    def rounds(self) -> dict[int, list[Exchange]]:
-        """The exchanges of each round, in order."""
-        out: dict[int, list[Exchange]] = {}
-        for requests, replies in self.exchanges:
-            rnd = int(requests[0].content.config_records[wire.CONFIG_KEY][wire.ROUND])  # type: ignore[arg-type]
-            out.setdefault(rnd, []).append((requests, replies))
-        return out
-
+from tests.federation import ROUND_SETTINGS as SETTINGS
+from tests.federation import Recorder, TestGrid, download_of, sent, upload_of
 
 Run = tuple[FedSketchStrategy, RunConfig, Recorder]
 
@@ -86,18 +46,6 @@ def runs() -> dict[str, Run]:
             strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
         out[strategy] = (strat, cfg, recorder)
     return out
-
-
-def sent(replies: list[RecordDict]) -> dict[int, tuple[dict[str, np.ndarray], int]]:
-    """Per client id, in id order: the payload it uploaded and its number of examples."""
-    out = {}
-    for content in replies:
-        for key, record in content.array_records.items():
-            parsed = wire.parse_cid(key)
-            if parsed is not None and parsed[0] == "update":
-                metrics = content.metric_records[wire.metrics_key(parsed[1])]
-                out[parsed[1]] = (record_to_payload(record), int(metrics[wire.NUM_EXAMPLES]))  # type: ignore[arg-type]
-    return dict(sorted(out.items()))
 
 
 def weighted_mean(
@@ -158,35 +106,6 @@ def test_sketched_sgd_applies_lr_times_the_top_k_of_the_weighted_mean_of_the_exa
         expected[cands[top]] = cfg.lr * exact[top]
         assert cfg.lr != 1.0 and float(expected.abs().max()) > 0
         torch.testing.assert_close(w[rnd - 1] - w[rnd], expected, rtol=1e-5, atol=1e-7)
-
-
-def upload_of(replies: list[RecordDict]) -> int:
-    """Each client's update and metrics records, as serialized."""
-    total = 0
-    for content in replies:
-        for cid in (parsed[1] for parsed in map(wire.parse_cid, content.array_records) if parsed):
-            total += wire_bytes(content.array_records[wire.update_key(cid)])
-            total += wire_bytes(content.metric_records[wire.metrics_key(cid)])
-    return total
-
-
-def download_of(requests: list[Message]) -> int:
-    """What each logical client is sent: its node's message as if addressed to it alone.
-
-    A client's config lists its own id and (clients with state) its own settled round, each
-    billed as one small integer (``[0]``), whatever its value.
-    """
-    total = 0
-    for msg in requests:
-        config: dict[str, Any] = dict(msg.content.config_records[wire.CONFIG_KEY])
-        own = {wire.CIDS: [0], **({wire.SETTLED: [0]} if wire.SETTLED in config else {})}
-        for cid in config[wire.CIDS]:
-            total += wire_bytes(ConfigRecord({**config, **own}))
-            for key, record in msg.content.items():
-                shared = key != wire.CONFIG_KEY and not key.startswith("request.")  # request.<cid>: one client's own
-                if shared or key == wire.request_key(cid):
-                    total += wire_bytes(record)
-    return total
 
 
 @pytest.mark.parametrize(("strategy", "exchanges"), [("fetchsgd", 1), ("sketched_sgd", 2)])

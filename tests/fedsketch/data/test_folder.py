@@ -7,15 +7,22 @@ small PNGs with one odd file each.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from experiments.cli import main
-from fedsketch.data import folder
 from fedsketch.data.checks import DataError
+
+
+def _loader() -> ModuleType:
+    """:mod:`fedsketch.data.folder`, imported by the tests that use it: it imports torchvision, whose import
+    (about 2.5 s) every test worker would otherwise pay while collecting."""
+    from fedsketch.data import folder
+
+    return folder
 
 
 def _folder(root: Path) -> Path:
@@ -84,7 +91,7 @@ def test_a_file_without_an_image_extension_is_skipped_and_named(
 
 
 def test_a_clean_folder_skips_nothing_and_says_nothing(tmp_path: Path) -> None:
-    *_, classes, note = folder.load(str(_folder(tmp_path)))
+    *_, classes, note = _loader().load(str(_folder(tmp_path)))
     assert classes == 2 and note == ""
 
 
@@ -93,7 +100,7 @@ def test_the_note_names_three_skipped_files_and_counts_the_rest(tmp_path: Path, 
     root = _folder(tmp_path)
     for i in range(strays):
         (root / "train" / "a" / f"n{i}.txt").write_text("x", encoding="utf-8")
-    *_, note = folder.load(str(root))
+    *_, note = _loader().load(str(root))
     more = f" and {strays - 3} more" if strays > 3 else ""
     assert note.startswith(f"skipped {strays} file(s) without an image extension (.jpg, ")
     assert note.endswith(f"): train/a/n0.txt, train/a/n1.txt, train/a/n2.txt{more}")
@@ -105,7 +112,7 @@ def test_test_images_of_another_size_or_mode_are_refused_with_both_shapes(tmp_pa
         Image.new("RGB", (7, 4), (1, 2, 3)).save(path)
     first = min((root / "test" / "a").glob("*.png"))
     with pytest.raises(DataError) as caught:
-        folder.load(str(root))
+        _loader().load(str(root))
     assert str(caught.value) == (
         f"imagefolder:{root}: test images are 4x7 with 3 channel(s) ({first}) but training images are 5x6 with "
         "1 channel(s) in L"
@@ -119,7 +126,7 @@ def test_every_grayscale_mode_stays_one_channel(tmp_path: Path, mode: str, suffi
             path = tmp_path / split / c / f"0.{suffix}"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.new(mode, (6, 5), 1).save(path)
-    x_train, _, x_test, *_ = folder.load(str(tmp_path))
+    x_train, _, x_test, *_ = _loader().load(str(tmp_path))
     assert x_train.shape == (2, 1, 5, 6) and x_test.shape == (2, 1, 5, 6)
 
 
@@ -127,7 +134,7 @@ def test_colour_images_of_any_mode_become_rgb(tmp_path: Path) -> None:
     root = _folder(tmp_path)
     for i, path in enumerate(sorted(root.rglob("*.png"))):
         Image.new("RGB", (6, 5), (10 * i, 0, 0)).convert(("RGB", "P", "RGBA")[i % 3]).save(path)
-    x_train, _, x_test, *_ = folder.load(str(root))
+    x_train, _, x_test, *_ = _loader().load(str(root))
     assert x_train.shape == (12, 3, 5, 6) and x_test.shape == (4, 3, 5, 6)
 
 
@@ -136,7 +143,7 @@ def test_a_test_split_without_some_classes_keeps_the_training_labels(tmp_path: P
     for path in (root / "test" / "a").glob("*.png"):
         path.unlink()
     (root / "test" / "a").rmdir()
-    _, y_train, _, y_test, classes, _ = folder.load(str(root))
+    _, y_train, _, y_test, classes, _ = _loader().load(str(root))
     assert classes == 2 and sorted(set(y_train.tolist())) == [0, 1]
     assert y_test.tolist() == [1, 1] and y_test.dtype == "int64"  # b is class 1, as in train/
 
@@ -147,10 +154,10 @@ def test_a_class_folder_without_images_is_refused_naming_the_folder_and_the_exte
         path.with_suffix(".txt").write_text("x", encoding="utf-8")
         path.unlink()
     with pytest.raises(FileNotFoundError) as caught:
-        folder.load(str(root))
+        _loader().load(str(root))
     assert str(caught.value) == (
         f"imagefolder: {root / 'test'}: Found no valid file for the classes b. Supported extensions are: "
-        f"{', '.join(IMG_EXTENSIONS)}"
+        f"{', '.join(_loader().IMG_EXTENSIONS)}"
     )
 
 
@@ -159,7 +166,7 @@ def test_an_image_of_another_size_is_refused_with_both_sizes(tmp_path: Path) -> 
     odd = root / "train" / "b" / "4.png"
     Image.new("L", (7, 4), 3).save(odd)
     with pytest.raises(DataError) as caught:
-        folder.load(str(root))
+        _loader().load(str(root))
     assert str(caught.value) == f"imagefolder: {odd} is 7x4; {root / 'train' / 'a' / '0.png'} is 6x5"
 
 
@@ -167,7 +174,7 @@ def test_a_missing_split_says_what_the_data_root_must_hold(tmp_path: Path) -> No
     (tmp_path / "train").mkdir()
     for root in (str(tmp_path), ""):
         with pytest.raises(FileNotFoundError) as caught:
-            folder.load(root)
+            _loader().load(root)
         where = Path(root) / ("test" if root else "train")
         assert str(caught.value) == (
             f"imagefolder: no folder {where}; set the data root to a folder holding "
@@ -189,9 +196,9 @@ def test_a_class_count_the_folders_do_not_hold_is_refused_naming_five_of_them(
     tmp_path: Path, n: int, shown: str
 ) -> None:
     root = _classes(tmp_path, n)
-    assert folder.load(str(root), num_classes=n)[4] == n
+    assert _loader().load(str(root), num_classes=n)[4] == n
     with pytest.raises(DataError) as caught:
-        folder.load(str(root), num_classes=n + 1)
+        _loader().load(str(root), num_classes=n + 1)
     assert str(caught.value) == (
         f"imagefolder:{root}: setting 'num-classes' is {n + 1} but train/ holds {n} class folders ({shown})"
     )
@@ -204,7 +211,7 @@ def test_colour_images_are_standardized_channel_by_channel_on_the_training_split
     first = root / "train" / "a" / "0.png"
     for path in (root / "test").rglob("*.png"):
         path.write_bytes(first.read_bytes())
-    x_train, _, x_test, *_ = folder.load(str(root))
+    x_train, _, x_test, *_ = _loader().load(str(root))
     assert torch.equal(x_test, x_train[:1].expand_as(x_test))  # by the training split's mean and deviation
     assert x_train.mean(dim=(0, 2, 3)).abs().max() < 1e-5
     assert torch.allclose(x_train[:, :2].std(dim=(0, 2, 3)), torch.ones(2), atol=1e-5)
@@ -215,7 +222,7 @@ def test_colour_images_are_standardized_channel_by_channel_on_the_training_split
         DataError,
         match=r"test images are 4x7 with 3 channel\(s\) .* but training images are 5x6 with 3 channel\(s\) in RGB$",
     ):
-        folder.load(str(root))
+        _loader().load(str(root))
 
 
 def test_a_file_pillow_cannot_read_is_named_with_what_pillow_said(tmp_path: Path) -> None:
@@ -223,7 +230,7 @@ def test_a_file_pillow_cannot_read_is_named_with_what_pillow_said(tmp_path: Path
     bad = root / "train" / "a" / "2.png"
     _text(bad)
     with pytest.raises(DataError) as caught:
-        folder.load(str(root))
+        _loader().load(str(root))
     assert str(caught.value) == (
         f"imagefolder: {bad} cannot be read as an image (UnidentifiedImageError: cannot identify image file "
         f"'{bad}'); remove or replace it"

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.data import DataSpec, load_federated
+from fedsketch.data import DataSpec, huggingface, load_federated
 from fedsketch.data.checks import DataError
 from fedsketch.data.huggingface import _SAVE_HINT
 
@@ -185,7 +185,10 @@ def test_text_features_and_float_labels_are_refused(tmp_path: Path) -> None:
         r"\(setting 'hf-features' names them\)$",
     ):
         _load(root, partition="iid", num_clients=4, hf_label="diagnosis")
-    message = r"column 'radius' \(setting 'hf-label'\) holds float64; expected class labels \(a ClassLabel, integers or strings\)$"
+    message = (
+        r"column 'radius' \(setting 'hf-label'\) holds float64; expected class labels of one kind "
+        r"\(a ClassLabel, integers or strings\)$"
+    )
     with pytest.raises(DataError, match=message):
         _load(root, partition="iid", num_clients=4, hf_label="radius", hf_features="count")
 
@@ -235,7 +238,7 @@ def test_numbers_are_standardized_with_the_training_splits_figures(tmp_path: Pat
     test = _split(a=[4.0, 9.0], b=[2, 4], c=[True, True], label=[0, 1])
     data = _load(_save(tmp_path / "t", train, test), partition="iid", num_clients=1)
     std_a = float(np.std([1.0, 3.0, 5.0, 7.0]))
-    assert data.input_shape == (3,) and data.train_x.dtype == torch.float32
+    assert data.input_shape == (3,) and data.train_x.dtype == data.test_x.dtype == torch.float32
     assert np.allclose(data.train_x[:, 0].numpy(), (np.array([1, 3, 5, 7]) - 4) / std_a)
     assert np.allclose(data.test_x[:, 0].numpy(), (np.array([4, 9]) - 4) / std_a)  # the training mean and std
     assert data.train_x[:, 1].tolist() == [0.0] * 4  # a constant column is 0, not NaN
@@ -321,7 +324,8 @@ def test_test_images_of_another_size_are_refused(tmp_path: Path) -> None:
     train = datasets.Dataset.from_dict({"image": _images(rng, np.array([0, 1])), "label": [0, 1]}, features=features)
     test = datasets.Dataset.from_dict({"image": _images(rng, np.array([0]), size=6), "label": [0]}, features=features)
     root = _save(tmp_path / "sizes", train, test)
-    with pytest.raises(DataError, match=r"test images are \(1, 6, 6\) \(C, H, W\); training images are \(1, 8, 8\)$"):
+    message = rf"^huggingface:{root}: test images are \(1, 6, 6\) \(C, H, W\); training images are \(1, 8, 8\)$"
+    with pytest.raises(DataError, match=message):
         _load(root, partition="iid", num_clients=1)
 
 
@@ -379,9 +383,14 @@ def test_files_datasets_cannot_read_are_refused_in_one_line(tmp_path: Path) -> N
     (tmp_path / "bad" / "rows.json").write_text("{not json\n" * 3, encoding="utf-8")
     with pytest.raises(FileNotFoundError) as err:
         _load(tmp_path / "bad", partition="iid")
-    message = str(err.value)
-    assert message.startswith(f"huggingface: datasets could not open '{tmp_path / 'bad'}' (") and "\n" not in message
-    assert message.endswith("); to work offline, " + _SAVE_HINT) and err.value.__suppress_context__
+    with pytest.raises(Exception) as raised:  # what datasets itself says, told in one line
+        datasets.load_dataset(str(tmp_path / "bad"))
+    why = huggingface._why(raised.value)
+    assert (
+        str(err.value)
+        == f"huggingface: datasets could not open '{tmp_path / 'bad'}' ({why}); to work offline, " + _SAVE_HINT
+    )
+    assert err.value.__suppress_context__
 
 
 def test_a_missing_value_is_refused_naming_its_sample(tmp_path: Path) -> None:
@@ -517,3 +526,85 @@ def test_a_saved_folder_datasets_cannot_read_back_is_refused_in_one_line(tmp_pat
         DataError, match=rf"^huggingface: datasets could not read the saved folder {root} \(IndexError: "
     ):
         _load(root, hf_label="diagnosis", hf_features="radius,pair")
+
+
+@pytest.mark.parametrize(
+    ("train", "test", "held"),
+    [([0, 1], ["a", "b"], "int64 in training, <U1 in test"), (["a", "b"], [0, 1], "<U1 in training, int64 in test")],
+)
+def test_labels_of_two_kinds_are_refused_naming_both(tmp_path: Path, train: list, test: list, held: str) -> None:
+    root = _save(tmp_path / "kinds", _split(x=[0.0, 1.0], label=train), _split(x=[0.0, 1.0], label=test))
+    message = (
+        f"huggingface:{root}: column 'label' (setting 'hf-label') holds {held}; expected class labels of one kind "
+        "(a ClassLabel, integers or strings)"
+    )
+    with pytest.raises(DataError) as caught:
+        _load(root, partition="iid", num_clients=1)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("split", ["training", "test"])
+def test_a_missing_label_is_refused_naming_its_row_and_split(tmp_path: Path, split: str) -> None:
+    gap, full = (
+        _split(x=[0.0, 1.0, 2.0, 3.0], label=[1, None, 0, None]),
+        _split(x=[0.0, 1.0, 2.0, 3.0], label=[1, 0, 0, 1]),
+    )
+    root = _save(tmp_path / "gap", *((gap, full) if split == "training" else (full, gap)))
+    with pytest.raises(DataError) as caught:
+        _load(root, partition="iid", num_clients=1)
+    assert (
+        str(caught.value)
+        == f"huggingface:{root}: column 'label' (setting 'hf-label') has no label at row 1 of the {split} split"
+    )
+
+
+def test_a_feature_column_without_a_finite_value_is_refused_as_nan(tmp_path: Path) -> None:
+    root = _save(
+        tmp_path / "nan", _split(a=[float("nan")] * 2, b=[1.0, 2.0], label=[0, 1]), _split(a=[1.0], b=[1.0], label=[0])
+    )
+    with pytest.raises(DataError, match=rf"^x_train of huggingface:{root}: sample 0 holds NaN"):
+        _load(root, partition="iid", num_clients=1)
+
+
+def test_an_error_of_datasets_is_told_in_one_line_of_at_most_300_characters() -> None:
+    told = huggingface._why(ValueError("first line\n   second\tline " + "x" * 400))
+    assert told == "ValueError: first line second line " + "x" * (300 - len("first line second line "))
+
+
+def test_a_folder_of_csv_files_is_read_by_datasets_own_builder(tmp_path: Path) -> None:
+    folder = tmp_path / "csvs"
+    folder.mkdir()
+    (folder / "train.csv").write_text("x,label\n" + "".join(f"{i}.5,{i % 2}\n" for i in range(6)), encoding="utf-8")
+    (folder / "test.csv").write_text("x,label\n1.0,0\n2.0,1\n", encoding="utf-8")
+    data = _load(folder, partition="iid", num_clients=2)
+    assert (data.train_y.tolist(), data.test_y.tolist()) == ([0, 1, 0, 1, 0, 1], [0, 1])
+
+
+@pytest.mark.parametrize("root", ["./no-such-folder", "~/no-such-folder-of-fedsketch"])
+def test_a_relative_or_home_folder_that_does_not_exist_is_named(root: str) -> None:
+    with pytest.raises(FileNotFoundError) as caught:
+        load_federated(DataSpec(dataset="huggingface", root=root, num_clients=1))
+    assert str(caught.value) == f"huggingface: no folder {Path(root).expanduser()}; " + _SAVE_HINT
+
+
+def test_a_client_id_column_missing_from_training_is_refused_naming_its_setting(tmp_path: Path) -> None:
+    root = _save(tmp_path / "ids", _split(x=[0.0, 1.0], label=[0, 1]), _split(x=[0.0], label=[0]))
+    with pytest.raises(ValueError) as caught:
+        _load(root, partition="natural", num_clients=1, hf_client_id="who")
+    assert str(caught.value) == (
+        f"huggingface:{root}: the training split has no column 'who' (setting 'hf-client-id'); it has ['x', 'label']"
+    )
+
+
+def test_a_class_label_fixes_the_classes_even_those_no_sample_has(tmp_path: Path) -> None:
+    features = datasets.Features({"x": datasets.Value("float64"), "label": datasets.ClassLabel(num_classes=5)})
+    split = datasets.Dataset.from_dict({"x": [0.0, 1.0, 2.0, 3.0], "label": [0, 1, 0, 1]}, features=features)
+    assert _load(_save(tmp_path / "five", split, split), partition="iid", num_clients=1).num_classes == 5
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_held_out_rows_are_datasets_own_split_with_the_fraction_and_the_run_seed(tmp_path: Path, seed: int) -> None:
+    table = _split(x=[float(i) for i in range(20)], label=list(range(20)))  # each row its own label: the rows show
+    table.save_to_disk(str(tmp_path / "one"))
+    data = _load(tmp_path / "one", partition="iid", num_clients=1, hf_test_fraction=0.2, seed=seed)
+    assert sorted(data.test_y.tolist()) == sorted(table.train_test_split(test_size=0.2, seed=seed)["test"]["label"])

@@ -73,9 +73,12 @@ def test_a_file_that_is_not_idx_is_refused_showing_its_header(tmp_path: Path, da
         load_idx(path)
 
 
-def test_a_header_cut_short_is_refused(tmp_path: Path) -> None:
-    path = write(tmp_path / "cut", b"\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x02")
-    with pytest.raises(ValueError, match=r"the IDX header announces 3 dimensions but the file ends first$"):
+@pytest.mark.parametrize(
+    ("data", "ndim"), [(b"\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x02", 3), (b"\x00\x00\x08\x01", 1)]
+)
+def test_a_header_cut_short_is_refused(tmp_path: Path, data: bytes, ndim: int) -> None:
+    path = write(tmp_path / "cut", data)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: the IDX header announces {ndim} dimensions but"):
         load_idx(path)
 
 
@@ -145,6 +148,20 @@ def test_normalize_scales_each_channel_by_its_own_figures(dataset: str) -> None:
         assert torch.allclose(x[0, c, 0, 0], torch.tensor(-mean / std))
         assert torch.allclose(x[0, c, 1, 2], torch.tensor((0.2 - mean) / std))
         assert torch.allclose(x[1, c], torch.full((2, 3), (1 - mean) / std))
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_normalize_gives_the_same_figures_whatever_torchs_default_type(dataset: str) -> None:
+    images = np.arange(2 * 3 * 16, dtype=np.int64).astype(np.uint8).reshape(2, 3, 4, 4)
+    images = images[:, :1] if dataset == "mnist" else images
+    expected = normalize(images, dataset)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = normalize(images, dataset)
+    finally:
+        torch.set_default_dtype(default)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
 
 
 def test_normalize_keeps_the_callers_images() -> None:

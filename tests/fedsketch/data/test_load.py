@@ -532,3 +532,48 @@ def test_from_arrays_keeps_the_arrays_shape_name_and_natural_clients() -> None:
     assert str(err.value) == (
         "mine has no natural clients (no client ids): choose partition iid, dirichlet, pathological or shards"
     )
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", [None, "mine"])
+def test_labels_that_are_not_integers_are_refused_naming_the_split_and_the_source(split: str, name: str | None) -> None:
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 0, 1])
+    arrays = (x, y.float(), x, y) if split == "train" else (x, y, x, y.float())
+    spec = DataSpec(partition="iid", num_clients=1)
+    message = f"y_{split} of {name or 'arrays'} must hold integer labels; got torch.float32"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        from_arrays(*arrays, spec) if name is None else from_arrays(*arrays, spec, name=name)
+
+
+def test_arrays_given_no_name_are_called_arrays() -> None:
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 0, 1])
+    assert from_arrays(x, y, x, y, DataSpec(partition="iid", num_clients=1)).name == "arrays"
+
+
+def test_flower_datasets_natural_partition_without_client_ids_says_they_are_missing() -> None:
+    pytest.importorskip("datasets")
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="^partition 'flwr-natural-id' needs the data's own client ids"):
+        from_arrays(x, y, x, y, DataSpec(partition="flwr-natural-id", num_clients=1))
+
+
+def test_synthetic_text_has_its_own_ten_classes_whatever_the_setting() -> None:
+    spec = DataSpec(dataset="synthetic_text", partition="iid", num_clients=2, seed=5, num_classes=20)
+    assert load_federated(spec).num_classes == 10
+
+
+def test_femnist_calls_itself_femnist(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    rows = {
+        "image": [Image.new("L", (28, 28), color=i) for i in range(20)],
+        "writer_id": ["w1"] * 10 + ["w2"] * 10,
+        "character": [i % 62 for i in range(20)],
+    }
+    features = datasets.Features(
+        {"image": datasets.Image(), "writer_id": datasets.Value("string"), "character": datasets.Value("int64")}
+    )
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "femnist"))
+    data = load_federated(DataSpec(dataset="femnist", root=str(tmp_path / "femnist"), num_clients=2))
+    assert data.name == "femnist" and data.num_classes == 62 and data.train_x.shape[0] == 18
