@@ -233,6 +233,29 @@ def test_a_node_that_leaves_before_the_second_exchange_is_its_own_client_error(
     assert "node 101 error: Error: Node Unavailable" in caplog.text and "not asked" not in caplog.text
 
 
+def test_a_merged_reply_to_the_second_exchange_is_refused_for_each_client_it_names(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Merging is for a round's first uploads (``merge-uploads``): an answer to Sketched-SGD's query comes per client."""
+    exchanges = []
+
+    def merged_answers(requests: list[Message], replies: list[Message]) -> list[Message]:
+        exchanges.append(requests)
+        if len(exchanges) == 2:  # the query's answers, each node's marked as merged
+            for reply in replies:
+                reply.content[wire.MERGED_METRICS] = MetricRecord({wire.NUM_EXAMPLES: 1})
+        return replies
+
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1})
+    strat = build_strategy(cfg, None)
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=2, tamper=merged_answers))  # type: ignore[arg-type]
+    asked = sorted(cid for cids in strat.plan.sent.values() for cid in cids)  # type: ignore[union-attr]
+    refused = sorted(int(m.split()[1]) for m in caplog.messages if m.endswith(" rejected: merged reply refused"))
+    assert refused == asked and len(asked) == cfg.clients_per_round == strat.history[-1]["rejected"]
+    assert "round 1: no client answered the second phase; model not updated" in caplog.messages
+
+
 def test_a_resumed_run_counts_the_time_already_spent_and_saves_its_last_round(tmp_path: Path) -> None:
     """The clock of a resumed run goes on from its checkpoint; the last round is saved whatever the interval."""
     strat = strategy(tmp_path, **{"num-rounds": 3, "eval-every": 1, "checkpoint-every": 2})
