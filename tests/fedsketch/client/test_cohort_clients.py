@@ -6,10 +6,12 @@ MLP), one client at a time and vectorized, checked against each client's own :fu
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from fedsketch import wire
+from fedsketch.client import cohort
 from fedsketch.client.cohort import (
     EXAMPLES,
     ClientOutcome,
@@ -99,6 +102,27 @@ def test_each_client_of_a_cohort_uploads_its_own_update_count_and_loss(
         np.testing.assert_allclose(o.payload["update"], own.update.numpy(), **tol)
         assert o.loss == pytest.approx(own.loss, rel=1e-5 if batching else 0)
     _check_seconds(outcomes, wall)
+
+
+@pytest.mark.parametrize(
+    ("settings", "batching", "charged"),
+    [
+        (DELTA, 0, [2.0] * 5),
+        ({**BASE, "strategy": "fetchsgd", "sketch-rows": 3, "sketch-cols": 50}, 4, [0.5] * 4 + [2.0]),
+    ],
+    ids=["one-at-a-time", "chunks-of-4"],
+)
+def test_each_client_is_charged_its_training_and_its_encoding(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], batching: int, charged: list[float]
+) -> None:
+    """On a clock that ticks once per reading: a client computed alone is charged one tick for its training and
+    one for its encoding; a chunk computed together (vectorized training, one ``encode_many``) shares each
+    call's tick equally. The fifth client is a chunk of one: alone."""
+    ticks = itertools.count()
+    monkeypatch.setattr(cohort, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    cfg = _cfg(settings, batching)
+    outcomes = run_cohort(cfg, _weights(cfg), [ClientJob(cid, 2, SKETCH) for cid in CIDS])
+    assert [o.error for o in outcomes] == [None] * 5 and [o.compute_s for o in outcomes] == charged
 
 
 @pytest.mark.parametrize("batching", [0, 3])
