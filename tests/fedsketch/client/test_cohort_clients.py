@@ -125,6 +125,17 @@ def test_each_client_is_charged_its_training_and_its_encoding(
     assert [o.error for o in outcomes] == [None] * 5 and [o.compute_s for o in outcomes] == charged
 
 
+def test_a_cohort_computes_in_float32_whatever_the_weights_it_is_handed() -> None:
+    """Weights handed over as float64 (a user's own arrays) give the same float32 uploads as float32 weights."""
+    cfg = _cfg({**DELTA, "client-update": "gradient", "weight-decay": 0.01})
+    weights = _weights(cfg)
+    jobs = [ClientJob(cid, 2) for cid in CIDS]
+    single, double = run_cohort(cfg, weights, jobs), run_cohort(cfg, weights.astype(np.float64), jobs)
+    for a, b in zip(single, double, strict=True):
+        assert a.payload is not None and b.payload is not None and b.payload["update"].dtype == np.float32
+        assert np.array_equal(a.payload["update"], b.payload["update"]) and a.loss == b.loss
+
+
 @pytest.mark.parametrize("batching", [0, 3])
 def test_a_client_that_cannot_load_fails_alone_and_by_name(batching: int) -> None:
     cfg = _cfg(DELTA, batching)
