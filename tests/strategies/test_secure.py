@@ -14,12 +14,14 @@ from flwr.app import Message
 
 from bridge.flower import task_identity
 from bridge.messages import wire_bytes
+from clients.secure import FITINS_CONFIG
+from fedsketch import wire
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.methods import ClientUpdate, Round
 from strategies.secure import checked_mean, quantization_error
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
-from tests.federation import TestGrid
+from tests.federation import Recorder, TestGrid
 
 SETTINGS = {
     "num-clients": 20,
@@ -104,6 +106,34 @@ def test_a_round_the_protocol_cannot_run_is_not_applied_and_says_why(tmp_path: P
     record = json.loads(line)
     assert not record["applied"] and "protocol halted" in record["reason"] and record["clients"] == 0
     assert torch.equal(strat.weights, before)
+
+
+def test_a_secure_rounds_row_is_what_the_nodes_reported(tmp_path: Path) -> None:
+    """One node is asked for a client it cannot compute: the row counts that client as an error, the others as
+    contributors, the training loss is the mean of the nodes' own, and the sum stands for its clients' dense
+    uploads."""
+    cfg = RunConfig.from_mapping({**SETTINGS, "secure-aggregation": True})
+    strat, recorder = build_strategy(cfg, tmp_path), Recorder()
+
+    def one_client_unknown(msg: Message) -> Message:
+        config = msg.content.config_records.get(FITINS_CONFIG)
+        if config is not None and msg.metadata.dst_node_id == 101:
+            config[wire.CIDS] = [999, *wire.config_ints(config, wire.CIDS)[1:]]
+        return msg
+
+    with task_identity():
+        strat.start(TestGrid(cfg.to_mapping(), num_nodes=3, tamper=recorder, deliver=one_client_unknown))
+    reported = [dict(r) for _, replies in recorder.exchanges for c in replies for r in c.config_records.values()]
+    reported = [r for r in reported if "loss" in r]
+    assert sorted(r["failed"] for r in reported) == [0, 0, 1]
+    (row,) = strat.history
+    assert (row["clients"], row["client_errors"], row["failures"]) == (5, 1, 1)
+    assert sum(r["clients"] for r in reported) == 5 and row["train_loss"] == float(
+        np.mean([r["loss"] for r in reported])
+    )
+    assert row["dense_upload_bytes"] == 5 * strat.dense_bytes
+    (line,) = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert (line["applied"], line["reason"], line["clients"], line["client_errors"]) == (True, "", 5, 1)
 
 
 def test_a_sum_is_checked_against_an_exact_layout_only() -> None:
