@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def test_a_round_the_protocol_cannot_run_is_not_applied_and_says_why(tmp_path: P
     assert torch.equal(strat.weights, before)
 
 
-def test_a_secure_rounds_row_is_what_the_nodes_reported(tmp_path: Path) -> None:
+def test_a_secure_rounds_row_is_what_the_nodes_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One node is asked for a client it cannot compute: the row counts that client as an error, the others as
     contributors, the training loss is the mean of the nodes' own, and the sum stands for its clients' dense
     uploads."""
@@ -121,8 +122,9 @@ def test_a_secure_rounds_row_is_what_the_nodes_reported(tmp_path: Path) -> None:
             config[wire.CIDS] = [999, *wire.config_ints(config, wire.CIDS)[1:]]
         return msg
 
-    with task_identity():
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
         strat.start(TestGrid(cfg.to_mapping(), num_nodes=3, tamper=recorder, deliver=one_client_unknown))
+    assert not [m for m in caplog.messages if "exceeds the specified max_weight" in m]  # no node's weight overflows
     reported = [dict(r) for _, replies in recorder.exchanges for c in replies for r in c.config_records.values()]
     reported = [r for r in reported if "loss" in r]
     assert sorted(r["failed"] for r in reported) == [0, 0, 1]
@@ -198,6 +200,25 @@ def test_a_secure_round_that_halts_counts_every_client_it_did_not_hear_from() ->
         strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=1))
     (row,) = strat.history
     assert (row["timeouts"], row["clients"], row["skipped_rounds"]) == (strat.cfg.clients_per_round, 0, 1)
+
+
+def test_a_secure_round_that_halts_mid_way_is_billed_what_it_sent_and_counts_each_silent_client() -> None:
+    """Two of three nodes, one client each, fall silent after the keys: the protocol halts; what its stages
+    serialized is billed, and each of the three clients counts as one timeout."""
+    exchanges: list[tuple[list[Message], list[Message]]] = []
+
+    def silent_after_keys(requests: list[Message], replies: list[Message]) -> list[Message]:
+        kept = replies if not exchanges else [m for m in replies if m.metadata.src_node_id == 101]
+        exchanges.append((requests, kept))
+        return kept
+
+    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 3, "round-timeout": 0.5})
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=3, tamper=silent_after_keys))
+    (row,) = strat.history
+    assert (row["timeouts"], row["clients"], row["skipped_rounds"]) == (3, 0, 1)
+    assert row["download_bytes"] == sum(wire_bytes(m.content) for requests, _ in exchanges for m in requests) > 0
+    assert row["upload_bytes"] == sum(wire_bytes(m.content) for _, replies in exchanges for m in replies) > 0
 
 
 def test_a_node_silent_in_the_last_secure_stage_is_waited_for_until_the_timeout() -> None:
