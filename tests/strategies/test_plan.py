@@ -144,3 +144,13 @@ def test_a_plan_counts_and_names_its_logical_clients() -> None:
     assert rp.sampled() == 4  # two logical clients on 101, and each deployed node its own
     assert rp.targets(books) == {101: [1, 4], 102: [7], 103: [wire.NEW_CLIENT]}
     assert plan.RoundPlan(2, rp.grid, {101: [3]}, {}, {}).sampled() == 1
+
+
+def test_missing_nodes_are_counted_and_named_only_when_some_are(caplog: pytest.LogCaptureFixture) -> None:
+    """One client per node: ``num-clients`` nodes; those not connected are counted and named, none otherwise."""
+    cfg = RunConfig.from_mapping({"client-assignment": "node", "num-clients": 5, "clients-per-round": 3})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        counts = [plan.missing_nodes(cfg, connected, 3) for connected in (5, 6, 3)]
+    assert counts == [0, 0, 2]
+    assert caplog.messages == ["round 3: 2 of the 5 nodes missing; going on with 3"]
+    assert plan.missing_nodes(replace(cfg, client_assignment="cohort"), 1, 3) == 0
