@@ -105,14 +105,18 @@ class TestGrid(InProcessGrid):
         return replies
 
 
-ROUND_SETTINGS = {
-    # a small run: two rounds of 4 of 12 clients, each client's batch all its examples
+SMALL_SKETCH_RUN = {
     "num-clients": 12,
     "clients-per-round": 4,
     "model-hidden": 16,
     "k": 40,
     "sketch-rows": 3,
     "sketch-cols": 400,
+}
+"""A small sketched run the round-level tests share: 4 of 12 clients a round, a 16-unit model, a 3 x 400 sketch, k = 40."""
+ROUND_SETTINGS = {
+    **SMALL_SKETCH_RUN,
+    # two rounds, each client's batch all its examples
     "num-rounds": 2,
     "eval-every": 1,
     "lr": 0.3,

@@ -32,18 +32,9 @@ from fedsketch.methods import fetchsgd as fetchsgd_method
 from fedsketch.server import checkpoint
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
-from tests.federation import TestGrid
+from tests.federation import SMALL_SKETCH_RUN, TestGrid
 
-SETTINGS = {
-    "num-clients": 12,
-    "clients-per-round": 4,
-    "model-hidden": 16,
-    "k": 40,
-    "sketch-rows": 3,
-    "sketch-cols": 400,
-    "num-rounds": 6,
-    "eval-every": 2,
-}
+SETTINGS = {**SMALL_SKETCH_RUN, "num-rounds": 6, "eval-every": 2}
 TIMING = ("wall_s", "unix_time")
 
 

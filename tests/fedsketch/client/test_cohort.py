@@ -23,18 +23,9 @@ from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
 from strategies.server_app import build_strategy
-from tests.federation import TestGrid
+from tests.federation import SMALL_SKETCH_RUN, TestGrid
 
-SETTINGS = {
-    "num-clients": 12,
-    "clients-per-round": 4,
-    "model-hidden": 16,
-    "k": 40,
-    "sketch-rows": 3,
-    "sketch-cols": 400,
-    "num-rounds": 6,
-    "eval-every": 2,
-}
+SETTINGS = {**SMALL_SKETCH_RUN, "num-rounds": 6, "eval-every": 2}
 TIMING = ("wall_s", "unix_time")
 SENT = ("download_sent_bytes", "cum_download_sent_bytes")  # one model per message: depends on the messages
 

@@ -23,18 +23,9 @@ from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig, check_against_model
 from fedsketch.server import download
 from strategies.server_app import build_strategy
-from tests.federation import TestGrid
+from tests.federation import SMALL_SKETCH_RUN, TestGrid
 
-SETTINGS = {
-    "num-clients": 12,
-    "clients-per-round": 4,
-    "model-hidden": 16,
-    "k": 40,
-    "sketch-rows": 3,
-    "sketch-cols": 400,
-    "num-rounds": 8,
-    "eval-every": 4,
-}
+SETTINGS = {**SMALL_SKETCH_RUN, "num-rounds": 8, "eval-every": 4}
 
 
 def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
