@@ -39,7 +39,7 @@ import numpy as np
 from experiments.flower.federation import Federation
 from experiments.running import runner
 from experiments.running.runner import Experiment
-from fedsketch.server.runlog import INPUTS
+from fedsketch.data.handoff import INPUTS
 from fedsketch.settings.setting import ConfigError
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedsketch.settings.declared import DECLARATIONS
 from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
@@ -43,9 +44,7 @@ COLS_NOTE = (
 
 def sketches(cfg: RunConfig) -> bool:
     """Whether the run's method recovers k coordinates from a Count Sketch of ``sketch-cols`` columns."""
-    from fedsketch.methods import get_method  # the registry imports torch; the plan's constants need none
-
-    method = get_method(cfg.strategy)
+    method = DECLARATIONS[cfg.strategy]
     return method.reads("sketch-cols") and method.reads("k")
 
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from fedsketch.data import FederatedData
-from fedsketch.model import device
 from fedsketch.model.build import build
+from fedsketch.settings import device
 from fedsketch.training.local import LocalSpec
 
 if TYPE_CHECKING:
@@ -33,6 +33,14 @@ def local_spec(cfg: RunConfig) -> LocalSpec:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; asking for a CUDA device this process does not see is an error
-    (:func:`fedsketch.model.device.resolve`)."""
-    return device.resolve(name)
+    """The torch device setting ``device`` stands for in this process: ``auto`` is CUDA when present.
+
+    Raises
+    ------
+    ValueError
+        For a CUDA device this process does not see (:func:`fedsketch.settings.device.check`).
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device.check(name, torch.cuda.device_count())
+    return torch.device(name)

@@ -1,49 +1,46 @@
 """Every check a run config must pass, made once, before any training.
 
-:class:`fedsketch.config.RunConfig` calls :func:`check` on construction, and
-:func:`against_model` runs once the model's size is known (before Flower
-starts). What a method allows is read from its registry record
-(:mod:`fedsketch.methods`): whether its uploads add up (differential privacy,
-secure aggregation), whether they can be clipped, which settings it reads,
-whether its clients keep state (memory, checkpoints). Every refusal names the
-setting and says why.
+:class:`fedsketch.config.RunConfig` calls :func:`check` on construction;
+what needs the model's size is checked once it is built
+(:mod:`fedsketch.fit`). What a method allows is read from its
+declaration in plain data (:mod:`fedsketch.settings.declared`), never from its
+math: whether its uploads add up (differential privacy, secure aggregation),
+whether they can be clipped, which settings it reads, whether its clients keep
+state (memory, checkpoints). Nothing here imports torch. Every refusal names
+the setting and says why.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import fields
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsketch import sketch_regime
 from fedsketch.data import registry
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.data.spec import HF_DEFAULTS, PARTITIONS, check_huggingface
-from fedsketch.methods import METHODS, NAMES, Method, get_method
-from fedsketch.model import device
-from fedsketch.model.models import MODELS, NORMS
-from fedsketch.server.download import MODES as DOWNLOAD_MODES
-from fedsketch.server.runlog import TRACKING
-from fedsketch.server.schedule import SCHEDULES
-from fedsketch.settings import entry
+from fedsketch.settings import device, entry
+from fedsketch.settings.declared import DECLARATIONS, STRATEGIES, Declaration, choices
 from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
-    from fedsketch.config import RunConfig
+    from fedsketch.settings.fields import Fields
 
+FIXED = (
+    "model",
+    "model-norm",
+    "client-update",
+    "client-state",
+    "client-assignment",
+    "download",
+    "lr-schedule",
+    "tracking",
+)
+"""The settings whose choices fedsketch/settings/settings.toml lists."""
 CHOICES: dict[str, tuple[str, ...]] = {
-    "strategy": NAMES,
+    "strategy": STRATEGIES,
     "dataset": DATASETS,
     "partition": PARTITIONS,
-    "model": MODELS,
-    "model_norm": NORMS,
-    "client_update": ("gradient", "delta"),
-    "client_state": ("memory", "disk"),
-    "client_assignment": ("cohort", "node"),
-    "lr_schedule": SCHEDULES,
-    "download": DOWNLOAD_MODES,
-    "tracking": TRACKING,
+    **{key.replace("-", "_"): choices(key) for key in FIXED},
 }
 POSITIVE = (
     "num_rounds",
@@ -76,7 +73,7 @@ NON_NEGATIVE = (
 )
 
 
-def check(cfg: RunConfig) -> None:
+def check(cfg: Fields) -> None:
     """Every check that needs only the config.
 
     Raises
@@ -85,7 +82,7 @@ def check(cfg: RunConfig) -> None:
         The first setting out of range or not allowed together with the others.
     """
     _choices(cfg)
-    method = get_method(cfg.strategy)
+    method = DECLARATIONS[cfg.strategy]
     _ranges(cfg)
     _model_fits_data(cfg)
     _partition_reads(cfg)
@@ -104,7 +101,7 @@ REFERABLE = ("model", "dataset")
 """The settings that may name the user's own code instead of a built-in (:mod:`fedsketch.settings.entry`)."""
 
 
-def _choices(cfg: RunConfig) -> None:
+def _choices(cfg: Fields) -> None:
     for name, allowed in CHOICES.items():
         value = getattr(cfg, name)
         if name in REFERABLE and entry.is_reference(value):
@@ -119,7 +116,7 @@ def _choices(cfg: RunConfig) -> None:
         raise ConfigError(f"setting 'device' must be one of {', '.join(device.NAMES)} or 'cuda:N'; got {cfg.device!r}")
 
 
-def _ranges(cfg: RunConfig) -> None:
+def _ranges(cfg: Fields) -> None:
     for name in POSITIVE:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
@@ -162,7 +159,7 @@ READ_BY = {
 """The partitioners' own settings, and the partitions that read each (fedsketch's, flwr-datasets')."""
 
 
-def _partition_reads(cfg: RunConfig) -> None:
+def _partition_reads(cfg: Fields) -> None:
     """A partitioner's own setting changed from its default is refused under another partition (never ignored)."""
     defaults = {f.name: f.default for f in fields(cfg)}
     for name, (partition, flwr) in READ_BY.items():
@@ -178,7 +175,7 @@ def _partition_reads(cfg: RunConfig) -> None:
         )
 
 
-def _huggingface(cfg: RunConfig) -> None:
+def _huggingface(cfg: Fields) -> None:
     """The ``hf-*`` settings (:func:`fedsketch.data.spec.check_huggingface`)."""
     try:
         check_huggingface(cfg.dataset, {name: getattr(cfg, name) for name in HF_DEFAULTS})
@@ -186,7 +183,7 @@ def _huggingface(cfg: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _model_fits_data(cfg: RunConfig) -> None:
+def _model_fits_data(cfg: Fields) -> None:
     """A dataset that names its model (word ids: ``synthetic_text`` and ``bag``) goes with that model only;
     a dataset of fixed classes takes no other ``num-classes``."""
     fixed = registry.DATASETS[cfg.dataset].num_classes if cfg.dataset in registry.DATASETS else None
@@ -201,22 +198,22 @@ def _model_fits_data(cfg: RunConfig) -> None:
 
 
 def _linear() -> str:
-    return ", ".join(m.name for m in METHODS if m.privacy.linear)
+    return ", ".join(m.name for m in DECLARATIONS.values() if m.linear)
 
 
-def _privacy(cfg: RunConfig, method: Method) -> None:
-    if cfg.clip_norm > 0 and method.client.state_vectors(cfg):
+def _privacy(cfg: Fields, method: Declaration) -> None:
+    if cfg.clip_norm > 0 and method.keeps_state_with(cfg):
         raise ConfigError(
             f"setting 'clip-norm' is not available for {method.name} with these settings: its clients keep error "
             "feedback, and a clipped upload would leave their memory out of step with what the server applied"
         )
-    if cfg.clip_norm > 0 and method.privacy.norm is None:
+    if cfg.clip_norm > 0 and not method.clip:
         raise ConfigError(
             f"setting 'clip-norm' is not available for {method.name}: its upload is not one vector the server "
             "could scale (its second exchange sends values computed from the first)"
         )
     if cfg.dp_noise_multiplier > 0:
-        if not method.privacy.linear:
+        if not method.linear:
             raise ConfigError(
                 f"setting 'dp-noise-multiplier' needs a strategy whose uploads add up linearly ({_linear()}); "
                 f"got {cfg.strategy!r}"
@@ -224,7 +221,7 @@ def _privacy(cfg: RunConfig, method: Method) -> None:
         if cfg.clip_norm <= 0:
             raise ConfigError("setting 'dp-noise-multiplier' needs 'clip-norm' > 0: noise is scaled to the clip norm")
     if cfg.secure_aggregation:
-        if not method.privacy.linear:
+        if not method.linear:
             raise ConfigError(
                 f"setting 'secure-aggregation' needs a strategy whose uploads add up linearly ({_linear()}); "
                 f"got {cfg.strategy!r}"
@@ -236,9 +233,9 @@ def _privacy(cfg: RunConfig, method: Method) -> None:
             )
 
 
-def _download(cfg: RunConfig, method: Method) -> None:
+def _download(cfg: Fields, method: Declaration) -> None:
     if cfg.download_k > 0 and not method.reads("download-k"):
-        users = ", ".join(m.name for m in METHODS if m.reads("download-k"))
+        users = ", ".join(m.name for m in DECLARATIONS.values() if m.reads("download-k"))
         raise ConfigError(
             f"setting 'download-k' applies to the compressed-upload baselines ({users}); got strategy "
             f"{cfg.strategy!r}, whose server update is "
@@ -256,16 +253,16 @@ def _download(cfg: RunConfig, method: Method) -> None:
         )
 
 
-def _runtime(cfg: RunConfig, method: Method) -> None:
+def _runtime(cfg: Fields, method: Declaration) -> None:
     """A restart loses state kept on the nodes."""
-    if cfg.checkpoint_every and method.client.state_vectors(cfg):
+    if cfg.checkpoint_every and method.keeps_state_with(cfg):
         raise ConfigError(
             f"setting 'checkpoint-every' is not available for {cfg.strategy} with these settings: "
             "its clients keep state on their nodes, which a restart loses"
         )
 
 
-def _diagnostics(cfg: RunConfig, method: Method) -> None:
+def _diagnostics(cfg: Fields, method: Declaration) -> None:
     """``diagnose-sketch`` has every client send its dense update too: only where that is harmless and meaningful."""
     if not cfg.diagnose_sketch:
         return
@@ -288,64 +285,4 @@ def _diagnostics(cfg: RunConfig, method: Method) -> None:
         raise ConfigError(
             "settings 'diagnose-sketch' and 'dp-noise-multiplier' are not combined: the noise goes into the sketches "
             "only, so the dense reference would have no counterpart of it"
-        )
-
-
-def against_model(cfg: RunConfig, d: int) -> None:
-    """Checks that need the model size ``d``; run before any training.
-
-    Raises
-    ------
-    ConfigError
-        If ``k`` or ``download-k`` exceeds the number of parameters, if the sketch has fewer columns than ``k``
-        (:func:`fedsketch.sketch.count_sketch.regime.refuse`; checked here, on each run an experiment makes, rather than on the
-        tables it is made of), if the method's own limits are not met (e.g. Sketched-SGD's
-        ``candidate-factor * k``), or if the clients' kept state would exceed ``max-client-state-mb`` (or, with
-        ``client-state = "disk"``, the free disk space).
-    """
-    method = get_method(cfg.strategy)
-    if method.reads("k") and cfg.k > d:
-        raise ConfigError(f"setting 'k' ({cfg.k}) exceeds the model's {d} parameters")
-    if cfg.download_k > d:
-        raise ConfigError(f"setting 'download-k' ({cfg.download_k}) exceeds the model's {d} parameters")
-    sketch_regime.refuse(cfg)
-    method.check(cfg, d)
-    need, what = client_state_bytes(cfg, d), describe_client_state(cfg, d)
-    if cfg.client_state == "disk":
-        _check_disk(cfg, need, what)
-    elif need > cfg.max_client_state_mb * 2**20:
-        raise ConfigError(
-            f"{what}, above setting 'max-client-state-mb' ({cfg.max_client_state_mb}); lower 'num-clients', "
-            "or raise 'max-client-state-mb' if the machine has the memory, or keep it on disk: client-state = 'disk'"
-        )
-
-
-def client_state_bytes(cfg: RunConfig, d: int) -> int:
-    """Worst-case bytes of client state over the whole run: every client has taken part.
-
-    A client keeps its committed state and, until it learns whether its last upload was applied,
-    the pending one (:mod:`fedsketch.client.state`): twice the method's vectors.
-    """
-    return 2 * 4 * d * cfg.num_clients * get_method(cfg.strategy).client.state_vectors(cfg)
-
-
-def describe_client_state(cfg: RunConfig, d: int) -> str:
-    """The estimate of :func:`client_state_bytes` in words, for error messages and logs."""
-    vectors = get_method(cfg.strategy).client.state_vectors(cfg)
-    return (
-        f"{cfg.strategy} keeps {vectors} float32 vector(s) of d={d:,} per client, committed and pending: "
-        f"{cfg.num_clients:,} clients x {8 * d * vectors / 2**20:,.1f} MiB = {client_state_bytes(cfg, d) / 2**30:,.2f} "
-        "GiB of client state"
-    )
-
-
-def _check_disk(cfg: RunConfig, need: int, what: str) -> None:
-    """With ``client-state = "disk"``, the clients' state must fit on the out-dir's file system."""
-    root = Path(cfg.out_dir).resolve()
-    while not root.exists():
-        root = root.parent
-    free = shutil.disk_usage(root).free
-    if need > free:
-        raise ConfigError(
-            f"{what}, more than the {free / 2**30:,.2f} GiB free under {root} (setting 'client-state' = 'disk')"
         )

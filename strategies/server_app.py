@@ -11,8 +11,9 @@ from flwr.serverapp import Grid, ServerApp
 from bridge import flower
 from bridge.runtime import object_pulls
 from fedsketch.client.state import clear_states
-from fedsketch.config import RunConfig, check_against_model
+from fedsketch.config import RunConfig
 from fedsketch.data.run import load_data
+from fedsketch.fit import check_against_model
 from fedsketch.model.flat import num_params
 from fedsketch.server import runlog
 from fedsketch.task import make_model

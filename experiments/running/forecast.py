@@ -12,7 +12,7 @@ what a client uploads depends on its data
 knows it. The run's totals are that round times the number of rounds: an estimate, as later
 rounds sample other clients and carry their own round number. Beside the bytes: the model's size
 (as the round's own strategy built it), FetchSGD's sketch columns per k against the regime map
-(docs/regime.md), and the clients' kept state (:func:`fedsketch.validate.client_state_bytes`).
+(docs/regime.md), and the clients' kept state (:func:`fedsketch.fit.client_state_bytes`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class RunForecast:
     @property
     def state_bytes(self) -> int:
         """The clients' kept state at its largest over the run (every client has taken part)."""
-        from fedsketch.validate import client_state_bytes
+        from fedsketch.fit import client_state_bytes
 
         return client_state_bytes(self.cfg, self.d)
 

@@ -39,14 +39,15 @@ from torch import nn
 from bridge import flower
 from experiments.running.runner import describe
 from fedsketch import sketch_regime
-from fedsketch.config import RunConfig, check_against_model
+from fedsketch.config import RunConfig
 from fedsketch.data import FederatedData, handoff, load_federated
 from fedsketch.data.registry import DATASETS
 from fedsketch.data.run import data_spec
 from fedsketch.data.spec import DataSpec
-from fedsketch.model import build, device
+from fedsketch.fit import check_against_model
+from fedsketch.model import build
 from fedsketch.model.models import build_model
-from fedsketch.settings import entry
+from fedsketch.settings import device, entry
 from fedsketch.settings.setting import ConfigError
 
 P = ParamSpec("P")
@@ -118,7 +119,7 @@ def check_runs(runs: Iterable[RunConfig], here: bool = True, hand_over: bool = T
 
 
 def check_devices(runs: Iterable[RunConfig]) -> None:
-    """Every run's ``device`` against the CUDA GPUs PyTorch sees in this process (:func:`fedsketch.model.device.check`).
+    """Every run's ``device`` against the CUDA GPUs PyTorch sees in this process (:func:`fedsketch.settings.device.check`).
 
     Raises
     ------

@@ -133,7 +133,7 @@ def mergeable(cfg: RunConfig) -> bool:
     method = get_method(cfg.strategy)
     return (
         cfg.merge_uploads
-        and method.privacy.linear
+        and method.linear
         and isinstance(method.wire.layout(cfg, 1, 0), dict)
         and method.client.state_vectors(cfg) == 0
         and method.server.ask is None

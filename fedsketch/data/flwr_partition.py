@@ -32,7 +32,6 @@ import numpy as np
 if TYPE_CHECKING:
     from fedsketch.data.spec import DataSpec
 
-FLWR_PARTITIONS = ("flwr-iid", "flwr-dirichlet", "flwr-pathological", "flwr-shard", "flwr-natural-id")
 _LABEL, _ID, _ROW = "label", "client_id", "row"
 
 

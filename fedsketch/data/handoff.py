@@ -29,9 +29,12 @@ import torch
 from fedsketch.data import user
 from fedsketch.data.checks import as_samples
 from fedsketch.data.spec import DataSpec
-from fedsketch.server.runlog import INPUTS
 from fedsketch.settings import entry
 
+INPUTS = "_inputs"
+"""The folder under the results folder (``out-dir``) for a command's inputs: data objects and builders the Python
+API was handed (:mod:`experiments.api`), and data a command loaded for its Flower processes
+(this module)."""
 ENV = "FEDSKETCH_LOADED"
 """``PID:FOLDER``: the command (its pid) that handed data over, and the folder it wrote the files to."""
 Source = tuple[object, ...]

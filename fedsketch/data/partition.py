@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedsketch.data import flwr_partition
-from fedsketch.data.spec import DataSpec
+from fedsketch.data.spec import FLWR_PARTITIONS, DataSpec
 
 _STREAM = 0x9A47  # keeps the partition's random stream apart from the generator's
 
@@ -71,7 +71,7 @@ def partition_labels(labels: np.ndarray, spec: DataSpec, client_ids: np.ndarray 
 def _owners(y: np.ndarray, spec: DataSpec, client_ids: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
     """The client of every sample under ``spec.partition`` (-1: unassigned)."""
     n, k = y.shape[0], spec.num_clients
-    if spec.partition in flwr_partition.FLWR_PARTITIONS:
+    if spec.partition in FLWR_PARTITIONS:
         return flwr_partition.owners(y, spec, client_ids)
     if spec.partition == "natural":
         return _natural(y, client_ids, k, rng)

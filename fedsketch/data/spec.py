@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsketch.data.flwr_partition import FLWR_PARTITIONS
 from fedsketch.data.registry import NAMES as DATASETS
 from fedsketch.settings import entry
 
 if TYPE_CHECKING:
     import torch
 
+FLWR_PARTITIONS = ("flwr-iid", "flwr-dirichlet", "flwr-pathological", "flwr-shard", "flwr-natural-id")
+"""The partitions flwr-datasets' partitioners make (:mod:`fedsketch.data.flwr_partition`)."""
 PARTITIONS = ("natural", "iid", "dirichlet", "pathological", "shards", *FLWR_PARTITIONS)
 
 

@@ -3,11 +3,13 @@
 Each method is one :class:`~fedsketch.methods.method.Method` record, defined in
 its own module beside its math: FetchSGD (Rothchild et al., ICML 2020), the
 uncompressed and true top-k references, the compressed-upload baselines and
-Sketched-SGD (Ivkin et al., NeurIPS 2019). The run config's strategy choices,
-the settings a method declares, sweeps, the client's encoder, the server's
-step and the documentation tables all read this registry; adding a method is
-a module of this package with its record: the registry finds every ``METHOD``
-(or ``METHODS``) its modules define (see docs/extending.md).
+Sketched-SGD (Ivkin et al., NeurIPS 2019). The client's encoder, the server's
+step, sweeps and the documentation tables read this registry; parsing and
+checking a run's settings read what each method is in plain data instead
+(:mod:`fedsketch.settings.declared`), without importing it. Adding a method is
+its table in a .toml file beside its module and a module of this package with
+its record: the registry finds every ``METHOD`` (or ``METHODS``) its modules
+define (see docs/extending.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from fedsketch import wire
 from fedsketch.methods.method import ClientJob, ClientUpdate, Method, Payload, PayloadCheck, PayloadSpec, Round, State
+from fedsketch.settings.declared import STRATEGIES
 from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ def _discover() -> tuple[Method, ...]:
     Raises
     ------
     ValueError
-        If two records share a name.
+        If two records share a name, or the records and the .toml files' declarations name different methods.
     """
     found: list[Method] = []
     for info in pkgutil.iter_modules(__path__):
@@ -42,6 +45,10 @@ def _discover() -> tuple[Method, ...]:
     names = [m.name for m in found]
     if len(set(names)) != len(names):
         raise ValueError(f"two methods share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    if sorted(names) != sorted(STRATEGIES):
+        raise ValueError(
+            f"the methods' .toml files declare {sorted(STRATEGIES)} but the modules define {sorted(names)}"
+        )
     return tuple(sorted(found, key=lambda m: m.name))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +28,6 @@ from fedsketch.compress.signsgd import majority_vote
 from fedsketch.methods.method import (
     Client,
     ClientJob,
-    Docs,
     Method,
     Payload,
     PayloadCheck,
@@ -37,20 +36,13 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.settings.setting import Setting
+from fedsketch.settings.declared import DECLARATIONS
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-QSGD_LEVELS = Setting("qsgd-levels", int, 15, "QSGD's levels s (bit-packed, 8 bits at most)", minimum=1, maximum=255)
-LOCAL_TOPK_ERROR = Setting(
-    "local-topk-error",
-    str,
-    "client",
-    "`client` (each client keeps the error its top-k left out, Stich et al. 2018) or `none` (stateless: the "
-    "top-k of its own update, FetchSGD's local top-k baseline)",
-    choices=("client", "none"),
-)
+(QSGD_LEVELS,) = DECLARATIONS["qsgd"].settings
+(LOCAL_TOPK_ERROR,) = DECLARATIONS["local_topk"].settings
 """Local top-k's client memory, two named variants.
 
 ``client``: the client compresses ``update + error`` and keeps what its top-k
@@ -62,14 +54,7 @@ carry an error (Rothchild et al., ICML 2020, Sec. 4-5; their CommEfficient code,
 ``fed_worker.py``, local top-k with ``error_type = "none"``; its ``"virtual"``
 error lives on the server). The server step is the same either way.
 """
-SIGNSGD_VARIANT = Setting(
-    "signsgd-variant",
-    str,
-    "ef",
-    "`ef` (EF-signSGD: scaled signs, client error feedback) or `majority` (sign bits, majority vote)",
-    choices=("ef", "majority"),
-)
-COMMON = ("momentum", "momentum-zeroing", "download-k")
+(SIGNSGD_VARIANT,) = DECLARATIONS["signsgd"].settings
 
 
 @dataclass(frozen=True)
@@ -228,71 +213,20 @@ def _signsgd(cfg: RunConfig, d: int, ef: bool) -> Upload:
 SIGNSGD = Compressed(_signsgd, lambda cfg: SIGNSGD_VARIANT.of(cfg) == "ef")
 
 
-def _method(name: str, parts: Compressed, upload_desc: str, keeps: str, paper: str, **facts: Any) -> Method:
+def _method(name: str, parts: Compressed) -> Method:
     return Method(
-        name=name,
-        docs=Docs(upload_desc, keeps, paper),
+        DECLARATIONS[name],
         client=Client(parts.encode, state_vectors=parts.state_vectors),
         server=Server(init, parts.step, report=report),
         wire=Wire(parts.layout),
-        **facts,
     )
 
 
 METHODS = (
-    _method(
-        "local_topk",
-        LOCAL_TOPK,
-        "own top-k, values and positions",
-        "client: error, d floats; none: none",
-        "Stich et al., NeurIPS 2018; Rothchild et al., ICML 2020 (none)",
-        settings=(LOCAL_TOPK_ERROR,),
-        uses=("k", *COMMON),
-        sweep={"k": "k", "local-topk-error": "error"},
-    ),
-    _method(
-        "random_k",
-        RANDOM_K,
-        "k values at coordinates the round shares",
-        "error, d floats",
-        "Stich et al., NeurIPS 2018",
-        uses=("k", *COMMON),
-        sweep={"k": "k"},
-    ),
-    _method(
-        "gaussiank",
-        GAUSSIANK,
-        "values above a Gaussian-fit threshold",
-        "error, d floats",
-        "Shi et al., 2019",
-        uses=("k", *COMMON),
-        sweep={"k": "k"},
-    ),
-    _method(
-        "qsgd",
-        QSGD,
-        "s-level stochastic quantization",
-        "none (unbiased)",
-        "Alistarh et al., NeurIPS 2017",
-        settings=(QSGD_LEVELS,),
-        uses=("quantizer-bucket-size", *COMMON),
-        sweep={"qsgd-levels": "levels"},
-    ),
-    _method(
-        "terngrad",
-        TERNGRAD,
-        "stochastic ternarization",
-        "none (unbiased)",
-        "Wen et al., NeurIPS 2017",
-        uses=("quantizer-bucket-size", *COMMON),
-    ),
-    _method(
-        "signsgd",
-        SIGNSGD,
-        "scaled signs (ef) or sign bits (majority)",
-        "ef: error, d floats; majority: none",
-        "Karimireddy et al., ICML 2019; Bernstein et al., ICLR 2019",
-        settings=(SIGNSGD_VARIANT,),
-        uses=("quantizer-bucket-size", *COMMON),
-    ),
+    _method("local_topk", LOCAL_TOPK),
+    _method("random_k", RANDOM_K),
+    _method("gaussiank", GAUSSIANK),
+    _method("qsgd", QSGD),
+    _method("terngrad", TERNGRAD),
+    _method("signsgd", SIGNSGD),
 )

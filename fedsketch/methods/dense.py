@@ -23,16 +23,15 @@ from fedsketch.compress import identity
 from fedsketch.methods.method import (
     Client,
     ClientJob,
-    Docs,
     Method,
     Payload,
     PayloadSpec,
-    Privacy,
     Round,
     Server,
     State,
     Wire,
 )
+from fedsketch.settings.declared import DECLARATIONS
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
@@ -80,24 +79,7 @@ def topk_step(state: server.TopkServerState, rnd: Round, cfg: RunConfig) -> tupl
     return server.step(state, mean_update(rnd), _topk_params(cfg, rnd.d), rnd.lr)
 
 
-FEDAVG = Method(
-    name="fedavg",
-    docs=Docs("dense float32", "none", "McMahan et al., AISTATS 2017"),
-    client=Client(encode),
-    server=Server(fedavg_init, fedavg_step),
-    wire=Wire(layout),
-    privacy=Privacy(linear=True),
-    uses=("momentum",),
-)
-TRUE_TOPK = Method(
-    name="true_topk",
-    docs=Docs("dense float32 (server takes the top-k)", "none", "Rothchild et al., ICML 2020"),
-    client=Client(encode),
-    server=Server(topk_init, topk_step),
-    wire=Wire(layout),
-    privacy=Privacy(linear=True),
-    uses=("k", "momentum", "momentum-zeroing"),
-    sweep={"k": "k"},
-)
+FEDAVG = Method(DECLARATIONS["fedavg"], Client(encode), Server(fedavg_init, fedavg_step), Wire(layout))
+TRUE_TOPK = Method(DECLARATIONS["true_topk"], Client(encode), Server(topk_init, topk_step), Wire(layout))
 
 METHODS = (FEDAVG, TRUE_TOPK)

@@ -14,21 +14,13 @@ import torch
 
 from fedsketch.algorithms import fedadam
 from fedsketch.methods.dense import encode, layout, mean_update
-from fedsketch.methods.method import Client, Docs, Method, Privacy, Round, Server, Wire
-from fedsketch.settings.setting import Setting
+from fedsketch.methods.method import Client, Method, Round, Server, Wire
+from fedsketch.settings.declared import DECLARATIONS
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-BETA2 = Setting(
-    "fedadam-beta2",
-    float,
-    0.99,
-    "FedAdam's beta2, the second moment's decay (beta1 is `momentum`)",
-    minimum=0.0,
-    maximum=1.0,
-)
-TAU = Setting("fedadam-tau", float, 1e-3, "FedAdam's tau, added to sqrt(v): how adaptive the step is", minimum=1e-12)
+BETA2, TAU = DECLARATIONS["fedadam"].settings
 
 
 def init(cfg: RunConfig, d: int, device: torch.device) -> fedadam.AdamState:
@@ -41,13 +33,4 @@ def step(state: fedadam.AdamState, rnd: Round, cfg: RunConfig) -> tuple[fedadam.
     return fedadam.step(state, mean_update(rnd), rnd.lr, cfg.momentum, BETA2.of(cfg), TAU.of(cfg))
 
 
-METHOD = Method(
-    name="fedadam",
-    docs=Docs("dense float32", "none", "Reddi et al., ICLR 2021"),
-    client=Client(encode),
-    server=Server(init, step),
-    wire=Wire(layout),
-    privacy=Privacy(linear=True),
-    settings=(BETA2, TAU),
-    uses=("momentum",),
-)
+METHOD = Method(DECLARATIONS["fedadam"], Client(encode), Server(init, step), Wire(layout))

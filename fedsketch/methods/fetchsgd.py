@@ -27,7 +27,6 @@ from fedsketch.methods.method import (
     Client,
     ClientJob,
     ClientUpdate,
-    Docs,
     Method,
     Payload,
     PayloadSpec,
@@ -37,33 +36,14 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.settings.setting import Setting
+from fedsketch.settings.declared import DECLARATIONS
 from fedsketch.sketch.batch import host_tables, sketch_tables
 from fedsketch.sketch.count_sketch import CountSketch
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-ERROR_FEEDBACK, LR_PLACEMENT = (
-    Setting(
-        "error-feedback",
-        str,
-        "zero-buckets",
-        "how FetchSGD takes what it applied out of the momentum and "
-        "error sketches: `zero-buckets` (zero every bucket Delta touches, the reference code) or `subtract` "
-        "(`S_e -= S(Delta)`, the paper's text and FLSim)",
-        choices=fetchsgd.VARIANTS,
-    ),
-    Setting(
-        "lr-placement",
-        str,
-        "error",
-        "where FetchSGD's learning rate multiplies: `error` (`S_e += lr S_u`, the "
-        "paper's Algorithm 1) or `update` (`S_e += S_u`, `w -= lr Delta`, the reference code); the same at a "
-        "constant rate, not under a schedule",
-        choices=fetchsgd.LR_PLACEMENTS,
-    ),
-)
+ERROR_FEEDBACK, LR_PLACEMENT = DECLARATIONS["fetchsgd"].settings
 
 State_ = fetchsgd.FetchSGDState | fidelity.FidelityState
 S = TypeVar("S", fetchsgd.FetchSGDState, fidelity.FidelityState)
@@ -206,13 +186,9 @@ def report(state: State_, cfg: RunConfig) -> tuple[State_, dict[str, float]]:
 
 
 METHOD = Method(
-    name="fetchsgd",
-    docs=Docs("Count Sketch of the gradient", "none (server)", "Rothchild et al., ICML 2020"),
+    DECLARATIONS["fetchsgd"],
     client=Client(encode, encode_many=encode_many),
     server=Server(init, step, report=report),
     wire=Wire(layout, round_config, diagnostic),
-    privacy=Privacy(linear=True, norm=norm, sensitivity=sensitivity),
-    settings=(ERROR_FEEDBACK, LR_PLACEMENT),
-    uses=("k", "sketch-rows", "sketch-cols", "momentum", "momentum-zeroing", "diagnose-sketch"),
-    sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k"},
+    privacy=Privacy(norm=norm, sensitivity=sensitivity),
 )

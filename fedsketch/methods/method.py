@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedsketch.settings.declared import Declaration, Docs
 from fedsketch.settings.setting import Setting
 
 if TYPE_CHECKING:
@@ -146,15 +147,6 @@ def update_norm(u: ClientUpdate, cfg: RunConfig, d: int) -> float:
 
 
 @dataclass(frozen=True)
-class Docs:
-    """The methods table's line: what a client uploads, what it keeps, and the paper."""
-
-    upload: str
-    client_state: str
-    paper: str
-
-
-@dataclass(frozen=True)
 class Client:
     """What a client computes and keeps.
 
@@ -208,40 +200,69 @@ class Wire:
 
 @dataclass(frozen=True)
 class Privacy:
-    """What clipping, DP and secure aggregation need: ``linear``, uploads add up (merged by a weighted
-    sum, so they may be noised and summed securely); ``norm``, what ``clip-norm`` bounds (``None``:
-    uploads cannot be clipped); ``sensitivity``, an upload's Frobenius norm per unit of the update's
-    norm (``sqrt(rows)`` for a sketch)."""
+    """What clipping and DP need: ``norm``, what ``clip-norm`` bounds (``None``: uploads cannot be
+    clipped, as the method's declaration says); ``sensitivity``, an upload's Frobenius norm per unit
+    of the update's norm (``sqrt(rows)`` for a sketch)."""
 
-    linear: bool = False
     norm: Callable[[ClientUpdate, RunConfig, int], float] | None = update_norm
     sensitivity: Callable[[RunConfig], float] = unit_sensitivity
 
 
 @dataclass(frozen=True)
 class Method:
-    """One method (see the module docstring): its name, a few small records, and its settings.
+    """One method (see the module docstring): what it is for the settings, and how it computes.
 
-    ``settings``: settings only it reads, declared in its module; ``uses``: shared run settings it
-    reads besides the common ones (``k``, ``sketch-cols``, ...); ``sweep``: the settings that change
-    what it uploads, each with its short name in a sweep point's folder; ``check``: raises
-    ``ConfigError`` if the settings do not fit a model of d parameters (run before training).
+    ``declared``: its table in the .toml file beside its module (its name, the settings only it reads,
+    the shared ones it uses and sweeps, whether its uploads add up); ``check``: raises ``ConfigError``
+    if the settings do not fit a model of d parameters (run before training).
+
+    Raises
+    ------
+    ValueError
+        If ``privacy.norm`` contradicts the declaration's ``clip``.
     """
 
-    name: str
-    docs: Docs
+    declared: Declaration
     client: Client
     server: Server
     wire: Wire
     privacy: Privacy = Privacy()
-    settings: tuple[Setting[Any], ...] = ()
-    uses: tuple[str, ...] = ()
-    sweep: Mapping[str, str] = field(default_factory=dict)
     check: Callable[[RunConfig, int], None] = no_check
+
+    def __post_init__(self) -> None:
+        if (self.privacy.norm is not None) != self.declared.clip:
+            raise ValueError(
+                f"{self.name}'s uploads are declared clip = {self.declared.clip}, but its norm says otherwise"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.declared.name
+
+    @property
+    def docs(self) -> Docs:
+        return self.declared.docs
+
+    @property
+    def settings(self) -> tuple[Setting[Any], ...]:
+        return self.declared.settings
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        return self.declared.uses
+
+    @property
+    def sweep(self) -> Mapping[str, str]:
+        return self.declared.sweep
+
+    @property
+    def linear(self) -> bool:
+        """Its uploads add up (merged by a weighted sum, so they may be noised and summed securely)."""
+        return self.declared.linear
 
     def reads(self, key: str) -> bool:
         """Whether a run of this method reads setting ``key`` (shared or its own)."""
-        return key in self.uses or any(s.key == key for s in self.settings)
+        return self.declared.reads(key)
 
 
 def server_step(

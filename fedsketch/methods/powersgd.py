@@ -36,7 +36,6 @@ from fedsketch.compress import derive_seed
 from fedsketch.methods.method import (
     Client,
     ClientJob,
-    Docs,
     Method,
     Payload,
     PayloadSpec,
@@ -48,14 +47,12 @@ from fedsketch.methods.method import (
     Wire,
 )
 from fedsketch.model.build import model_shapes
-from fedsketch.settings.setting import Setting
+from fedsketch.settings.declared import DECLARATIONS
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-RANK = Setting(
-    "powersgd-rank", int, 2, "PowerSGD's rank r: each weight matrix is sent as two rank-r factors", minimum=1
-)
+(RANK,) = DECLARATIONS["powersgd"].settings
 Q_STREAM = 0x9051  # the private seed stream of the first round's Q
 
 
@@ -154,17 +151,9 @@ def step(state: PowerSGDState, rnd: Round, cfg: RunConfig) -> tuple[PowerSGDStat
 
 
 METHOD = Method(
-    name="powersgd",
-    docs=Docs(
-        "rank-r factors P, then Q, of each weight matrix; vectors whole",
-        "error, d floats",
-        "Vogels et al., NeurIPS 2019",
-    ),
+    DECLARATIONS["powersgd"],
     client=Client(encode, answer, state_vectors=lambda cfg: 1, commit="answer"),
     server=Server(init, step, ask=ask, requests=requests),
     wire=Wire(layout),
     privacy=Privacy(norm=None),
-    settings=(RANK,),
-    uses=("momentum",),
-    sweep={"powersgd-rank": "rank"},
 )

@@ -25,7 +25,6 @@ from fedsketch.methods.fetchsgd import layout, round_config
 from fedsketch.methods.method import (
     Client,
     ClientJob,
-    Docs,
     Method,
     Payload,
     PayloadSpec,
@@ -36,14 +35,13 @@ from fedsketch.methods.method import (
     State,
     Wire,
 )
-from fedsketch.settings.setting import ConfigError, Setting
+from fedsketch.settings.declared import DECLARATIONS
+from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
-CANDIDATE_FACTOR = Setting(
-    "candidate-factor", int, 3, "Sketched-SGD's P: the server asks for exact values at P k candidates", minimum=1
-)
+(CANDIDATE_FACTOR,) = DECLARATIONS["sketched_sgd"].settings
 
 
 def params(cfg: RunConfig, d: int, rc: dict[str, int] | None = None) -> sketched_sgd.SketchedSGDParams:
@@ -153,14 +151,10 @@ def check(cfg: RunConfig, d: int) -> None:
 
 
 METHOD = Method(
-    name="sketched_sgd",
-    docs=Docs("sketch, then exact values at candidates", "momentum and error", "Ivkin et al., NeurIPS 2019"),
+    DECLARATIONS["sketched_sgd"],
     client=Client(encode, answer, state_vectors=lambda cfg: 2 if cfg.momentum > 0 else 1),
     server=Server(init, step, ask=ask, requests=requests),
     wire=Wire(layout, round_config),
     privacy=Privacy(norm=None),
-    settings=(CANDIDATE_FACTOR,),
-    uses=("k", "sketch-rows", "sketch-cols", "momentum"),
-    sweep={"sketch-rows": "rows", "sketch-cols": "cols", "k": "k", "candidate-factor": "cf"},
     check=check,
 )

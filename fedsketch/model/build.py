@@ -12,7 +12,7 @@ from fedsketch.data.run import load_data
 from fedsketch.model.models import build_model
 from fedsketch.settings import entry
 
-if TYPE_CHECKING:  # a method's module calls these (PowerSGD's layout), and the config imports every method
+if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
 

@@ -67,9 +67,10 @@ from torch import nn
 
 from fedsketch.data import text
 from fedsketch.settings import entry
+from fedsketch.settings.declared import choices
 
-MODELS = ("mlp", "cnn", "resnet9", "resnet18", "bag")
-NORMS = ("batch", "group", "layer", "none")
+MODELS = choices("model")
+NORMS = choices("model-norm")
 RESNET9_CHANNELS = (64, 128, 256, 512)
 RESNET9_OUTPUT_SCALE = 0.125  # FetchSGD's and DAWNBench's final multiplier
 GROUPS = 32  # Wu & He's default number of groups

@@ -32,9 +32,6 @@ import torch
 from fedsketch.compress.common import Payload
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 
-MODES = ("dense", "sparse")
-"""``download`` settings: ``dense`` sends every client the whole model; ``sparse`` only what changed."""
-
 
 @dataclass(frozen=True)
 class DownloadLedger:

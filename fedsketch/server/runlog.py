@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fedsketch.settings.declared import choices
+
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
     from fedsketch.server.books import Books
@@ -39,15 +41,11 @@ SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
-TRACKING = ("none", "tensorboard", "mlflow", "both")
+TRACKING = choices("tracking")
 """The values of the setting ``tracking``: where a run's rows are also written (:mod:`experiments.analysis.tracking`)."""
 OUTPUT_ONLY = ("tracking",)
 """Settings that only add places a run's rows are also written, never change what it computes: a finished run is
 not redone, nor a checkpoint refused, when they change."""
-INPUTS = "_inputs"
-"""The folder under the results folder (``out-dir``) for a command's inputs: data objects and builders the Python
-API was handed (:mod:`experiments.api`), and data a command loaded for its Flower processes
-(:mod:`fedsketch.data.handoff`)."""
 
 CHECKPOINT = "checkpoint.pt"
 """A checkpointing run's last checkpoint, in its folder (:mod:`fedsketch.server.checkpoint`)."""

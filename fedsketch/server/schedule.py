@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("constant", "linear", "cosine")
+from fedsketch.settings.declared import choices
+
+SCHEDULES = choices("lr-schedule")
 
 
 def lr_at(schedule: str, base_lr: float, server_round: int, num_rounds: int) -> float:

@@ -1,10 +1,11 @@
-"""A setting a method declares in its own module, and the error every bad setting raises.
+"""A setting a method declares, and the error every bad setting raises.
 
 Most settings are fields of :class:`fedsketch.config.RunConfig`. A setting that
-only one method reads (QSGD's levels, PowerSGD's rank) is declared where the
-method lives, as a :class:`Setting`; the registry hands the declarations to
-``RunConfig``, which parses, checks and prints them like its own fields. A
-method reads its value with ``SETTING.of(cfg)``, typed.
+only one method reads (QSGD's levels, PowerSGD's rank) is declared beside the
+method's module (fedsketch/methods/NAME.toml, read by
+:mod:`fedsketch.settings.declared`) and becomes a :class:`Setting`, which
+``RunConfig`` parses, checks and prints like its own fields. A method reads its
+value with ``SETTING.of(cfg)``, typed.
 """
 
 from __future__ import annotations

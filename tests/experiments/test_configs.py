@@ -8,8 +8,9 @@ import pytest
 
 from experiments.running.preflight import model_size
 from experiments.running.runner import load_experiment
-from fedsketch.config import ConfigError, check_against_model
+from fedsketch.config import ConfigError
 from fedsketch.data.run import load_data
+from fedsketch.fit import check_against_model
 from fedsketch.model.build import fixed_input
 from fedsketch.task import make_model
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
+from fedsketch.fit import check_against_model
 from fedsketch.settings.setting import Setting
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,8 @@ from experiments.cli import main
 from experiments.running.preflight import model_size
 from experiments.running.runner import describe, load_experiment
 from fedsketch import sketch_regime
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
+from fedsketch.fit import check_against_model
 from fedsketch.model.build import fixed_input
 
 ROOT = Path(__file__).resolve().parents[2]

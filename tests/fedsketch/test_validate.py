@@ -2,81 +2,21 @@
 
 from __future__ import annotations
 
-import re
-import shutil
 from dataclasses import fields, replace
-from pathlib import Path
 
 import pytest
 
 from fedsketch import validate
 from fedsketch.config import TABLE, ConfigError, RunConfig
-from fedsketch.methods import METHODS, get_method
-from fedsketch.validate import against_model, client_state_bytes, describe_client_state
-
-TOPK = {"strategy": "local_topk", "num-clients": 16, "clients-per-round": 4, "k": 10, "sketch-cols": 40}
-"""local_topk keeps one error vector a client (two with the pending one)."""
-
-
-def test_the_clients_state_is_two_float32_vectors_of_d_per_vector_kept_for_every_client() -> None:
-    cfg = RunConfig.from_mapping(TOPK)
-    assert client_state_bytes(cfg, 1_000) == 2 * 4 * 1_000 * 16
-    sketched = RunConfig.from_mapping({**TOPK, "strategy": "sketched_sgd"})
-    assert client_state_bytes(sketched, 1_000) == 2 * 2 * 4 * 1_000 * 16  # its two vectors a client
-    assert client_state_bytes(RunConfig.from_mapping({**TOPK, "strategy": "fetchsgd"}), 1_000) == 0
-
-
-def test_the_state_reads_per_client_and_in_all() -> None:
-    cfg = RunConfig.from_mapping({**TOPK, "num-clients": 300})
-    assert describe_client_state(cfg, 2_000_000) == (
-        "local_topk keeps 1 float32 vector(s) of d=2,000,000 per client, committed and pending: "
-        "300 clients x 15.3 MiB = 4.47 GiB of client state"
-    )
-
-
-def test_k_and_download_k_may_reach_the_models_size_but_not_pass_it() -> None:
-    against_model(RunConfig.from_mapping({**TOPK, "k": 50, "sketch-cols": 200}), 50)
-    with pytest.raises(ConfigError, match=r"^setting 'k' \(51\) exceeds the model's 50 parameters$"):
-        against_model(RunConfig.from_mapping({**TOPK, "k": 51, "sketch-cols": 204}), 50)
-    against_model(RunConfig.from_mapping({**TOPK, "download-k": 50}), 50)
-    with pytest.raises(ConfigError, match=r"^setting 'download-k' \(51\) exceeds the model's 50 parameters$"):
-        against_model(RunConfig.from_mapping({**TOPK, "download-k": 51}), 50)
-
-
-def test_the_state_in_memory_may_fill_max_client_state_mb_but_not_pass_it() -> None:
-    cfg = RunConfig.from_mapping({**TOPK, "max-client-state-mb": 1})
-    against_model(cfg, 8_192)  # 16 clients x 2 x 4 x 8,192 B: exactly 1 MiB
-    with pytest.raises(ConfigError) as caught:
-        against_model(cfg, 8_193)
-    assert str(caught.value) == (
-        f"{describe_client_state(cfg, 8_193)}, above setting 'max-client-state-mb' (1); lower 'num-clients', "
-        "or raise 'max-client-state-mb' if the machine has the memory, or keep it on disk: client-state = 'disk'"
-    )
-
-
-def test_the_state_on_disk_is_held_to_the_free_space_of_the_out_dirs_file_system(tmp_path: Path) -> None:
-    out = tmp_path / "not" / "yet"
-    cfg = RunConfig.from_mapping({**TOPK, "client-state": "disk", "max-client-state-mb": 1, "out-dir": str(out)})
-    against_model(cfg, 8_193)  # above the memory limit: on disk it does not apply
-    free = shutil.disk_usage(tmp_path).free
-    d = free // (2 * 4 * 16) + 1
-    with pytest.raises(ConfigError) as caught:
-        against_model(RunConfig.from_mapping({**TOPK, "k": 10, "client-state": "disk", "out-dir": str(out)}), d)
-    what = re.escape(describe_client_state(cfg, d))
-    said = re.fullmatch(
-        rf"{what}, more than the ([\d,.]+) GiB free under {re.escape(str(tmp_path))} \(setting 'client-state' = 'disk'\)",
-        str(caught.value),
-    )
-    assert said is not None
-    assert abs(float(said.group(1).replace(",", "")) - free / 2**30) < 0.05  # as free as it was a moment ago
+from fedsketch.settings.declared import DECLARATIONS
 
 
 def test_noise_and_secure_sums_are_offered_with_exactly_the_methods_whose_uploads_add_up() -> None:
-    linear = [m.name for m in METHODS if m.privacy.linear]
+    linear = [m.name for m in DECLARATIONS.values() if m.linear]
     assert linear == ["fedadam", "fedavg", "fetchsgd", "true_topk"]
-    for m in METHODS:
+    for m in DECLARATIONS.values():
         settings = {"strategy": m.name, "secure-aggregation": True}
-        if m.privacy.linear:
+        if m.linear:
             RunConfig.from_mapping(settings)
             continue
         with pytest.raises(ConfigError) as caught:
@@ -266,10 +206,9 @@ def test_the_edges_of_each_range_are_allowed(settings: dict[str, object]) -> Non
 
 
 def test_clipping_is_refused_for_a_stateless_method_whose_upload_is_not_one_vector() -> None:
-    """No registered method is both (PowerSGD and Sketched-SGD keep state, refused first): a record made so."""
-    powersgd = get_method("powersgd")
-    stateless = replace(powersgd, client=replace(powersgd.client, state_vectors=lambda cfg: 0))
-    validate._privacy(RunConfig.from_mapping({"clip-norm": 0.5}), get_method("fetchsgd"))
+    """No declared method is both (PowerSGD and Sketched-SGD keep state, refused first): a declaration made so."""
+    stateless = replace(DECLARATIONS["powersgd"], keeps_state=False)
+    validate._privacy(RunConfig.from_mapping({"clip-norm": 0.5}), DECLARATIONS["fetchsgd"])
     with pytest.raises(ConfigError) as caught:
         validate._privacy(RunConfig.from_mapping({"clip-norm": 0.5}), stateless)
     assert str(caught.value) == (

@@ -1,4 +1,4 @@
-"""Layout rules: the core library never imports Flower; the run config is imported below it for types only.
+"""Layout rules: the core library never imports Flower; Flower named by string only in bridge/; a data spec without torch.
 
 The other layer rules are import-linter contracts in pyproject.toml (`lint-imports`, run by .ci/run).
 """
@@ -32,35 +32,6 @@ def test_fedsketch_never_imports_flwr() -> None:
         for name in _imported_modules(path)
         if name == "flwr" or name.startswith("flwr.")
     ]
-    assert offenders == []
-
-
-def _runtime_imports(path: Path) -> set[str]:
-    """The modules ``path`` imports outside ``if TYPE_CHECKING:`` blocks (inside functions too)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            hidden.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in hidden:
-            continue
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
-def test_methods_validate_and_task_name_the_run_config_in_annotations_only() -> None:
-    """The import-linter cycle contract (pyproject.toml) lets these modules import fedsketch.config: for types only.
-
-    The config imports the method registry and the checks; one import of it at run time from below would be a cycle.
-    """
-    below = [*sorted((ROOT / "fedsketch" / "methods").glob("*.py")), ROOT / "fedsketch" / "validate.py"]
-    below.append(ROOT / "fedsketch" / "task.py")
-    offenders = [str(path.relative_to(ROOT)) for path in below if "fedsketch.config" in _runtime_imports(path)]
     assert offenders == []
 
 

@@ -34,6 +34,8 @@ def test_the_wheel_holds_no_benchmark_test_or_tool(wheel: zipfile.ZipFile) -> No
         n for n in names if n.startswith(("experiments/bench/", "experiments/studies/", "tests/")) or "/tools/" in n
     ]
     assert "fedsketch/settings/settings.toml" in names and "experiments/configs/default.toml" in names
+    declared = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "fedsketch" / "methods").glob("*.toml"))
+    assert declared and set(declared) <= set(names)  # the methods' declarations, read by path
 
 
 def test_the_wheel_ships_at_most_the_product_lines_allowed(wheel: zipfile.ZipFile) -> None:

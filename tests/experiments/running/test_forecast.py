@@ -34,9 +34,9 @@ from experiments.running.forecast import (
 )
 from experiments.running.progress import LineProgress, RunWatcher, time_left
 from fedsketch.config import RunConfig
+from fedsketch.fit import client_state_bytes
 from fedsketch.methods import NAMES
 from fedsketch.server import runlog
-from fedsketch.validate import client_state_bytes
 from strategies.server_app import build_strategy
 from tests.federation import TestGrid
 

@@ -21,7 +21,8 @@ import torch
 from bridge.flower import task_identity
 from fedsketch.client import state as client_state
 from fedsketch.client.state import DiskStates, clear_states, state_root
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
+from fedsketch.fit import check_against_model
 from fedsketch.server.runlog import run_dir
 from strategies.server_app import build_strategy
 from tests.federation import TestGrid

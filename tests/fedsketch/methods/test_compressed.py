@@ -21,10 +21,11 @@ from fedsketch.compress import derive_seed, payload_nbytes, registry, signsgd
 from fedsketch.compress.signsgd import majority_vote
 from fedsketch.compress.sparse import decode_support, encode_support
 from fedsketch.compress.topk import decompress as topk_decompress
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
+from fedsketch.fit import check_against_model, client_state_bytes
 from fedsketch.methods import ClientJob, ClientUpdate, Round, compressed, get_method
-from fedsketch.methods.method import Client, Docs, Method, Server, Wire, no_requests, no_round_config
-from fedsketch.validate import client_state_bytes
+from fedsketch.methods.method import Client, Method, Server, Wire, no_requests, no_round_config
+from fedsketch.settings.declared import DECLARATIONS
 from tests.method_helpers import PARTS, encode
 
 D = 1000
@@ -431,15 +432,12 @@ def test_a_report_is_the_mean_per_client_and_its_ratio_to_k_then_resets() -> Non
 
 def test_a_record_binds_its_parts_and_the_shared_server() -> None:
     parts = compressed.QSGD
-    made = compressed._method("xq", parts, "up", "keeps", "paper", uses=("k",), sweep={"k": "k"})
+    made = compressed._method("qsgd", parts)
     assert made == Method(
-        name="xq",
-        docs=Docs("up", "keeps", "paper"),
+        DECLARATIONS["qsgd"],
         client=Client(parts.encode, state_vectors=parts.state_vectors),
         server=Server(compressed.init, parts.step, report=compressed.report),
         wire=Wire(parts.layout),
-        uses=("k",),
-        sweep={"k": "k"},
     )
     assert made.client.answer is None and made.server.ask is None and made.server.requests is no_requests
     assert made.wire.round_config is no_round_config and made.client.commit == "upload"

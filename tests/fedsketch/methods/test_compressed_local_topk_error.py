@@ -28,12 +28,12 @@ from experiments.cli import main as fedsketch_main
 from fedsketch import wire
 from fedsketch.client.state import state_root
 from fedsketch.compress.topk import decompress
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data.run import load_data
+from fedsketch.fit import check_against_model, client_state_bytes
 from fedsketch.server import runlog
 from fedsketch.task import local_spec, make_model
 from fedsketch.training.local import client_generator, local_update
-from fedsketch.validate import client_state_bytes
 from strategies.server_app import build_strategy
 from tests.federation import TestGrid
 from tests.method_helpers import encode

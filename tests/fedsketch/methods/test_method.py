@@ -22,6 +22,7 @@ from fedsketch.methods.method import (
     Client,
     ClientJob,
     ClientUpdate,
+    Declaration,
     Docs,
     Method,
     Privacy,
@@ -264,8 +265,7 @@ def _two_exchange(asked_log: list[tuple[object, Round, RunConfig]]) -> Method:
         return state + 1, torch.tensor([total])
 
     return Method(
-        name="twox",
-        docs=Docs("x", "none", "-"),
+        Declaration("twox", Docs("x", "none", "-"), False, True, False, (), (), {}),
         client=Client(dense.encode, answer=lambda s, p, c: ({}, None)),
         server=Server(lambda cfg, d, dev: 0, step, ask=ask),
         wire=Wire(dense.layout),

@@ -1,14 +1,15 @@
 """The method registry: every method has every part, and every tool reads the registry.
 
-A method is one record (:mod:`fedsketch.methods`); the config's choices, sweeps,
-the settings page and the methods table derive from it. Each method is also
+A method is one record (:mod:`fedsketch.methods`) over its declaration in plain data
+(fedsketch/methods/NAME.toml); the config's choices, sweeps, the settings page and
+the methods table derive from them, and the two must agree. Each method is also
 driven once through its own parts on a tiny model: encode, the layout check,
 init, step (with its second exchange, if it has one).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,14 @@ import pytest
 import torch
 
 from experiments.running.sweep import SWEEP_KEYS
+from fedsketch import methods
+from fedsketch.algorithms import fetchsgd
 from fedsketch.config import DECLARED, RunConfig, field_keys
 from fedsketch.data.run import load_data
 from fedsketch.methods import METHODS, NAMES, REGISTRY, ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Payload, Query, server_step
 from fedsketch.model.flat import num_params
+from fedsketch.settings.declared import DECLARATIONS, STRATEGIES
 from fedsketch.task import make_model
 from fedsketch.validate import CHOICES
 from tests.method_helpers import encode
@@ -57,7 +61,7 @@ def test_every_method_has_every_part(method: object) -> None:
     for key in m.sweep:
         assert m.reads(key), f"{m.name} sweeps {key!r}, which it does not read"
         assert m.name in SWEEP_KEYS[key].strategies
-    if m.privacy.linear:
+    if m.linear:
         assert m.privacy.norm is not None, f"{m.name}: uploads that add up can be clipped"
 
 
@@ -114,3 +118,48 @@ def test_every_sweep_key_is_a_setting() -> None:
     known = set(field_keys()) | set(DECLARED)
     assert set(SWEEP_KEYS) <= known
     assert np.all([bool(key.strategies) for key in SWEEP_KEYS.values()])
+
+
+def test_the_records_and_the_declarations_name_the_same_methods(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert NAMES == STRATEGIES
+    assert all(get_method(name).declared is DECLARATIONS[name] for name in NAMES)
+    monkeypatch.setattr(methods, "STRATEGIES", (*STRATEGIES, "newcomer"))
+    with pytest.raises(ValueError) as caught:
+        methods._discover()
+    assert str(caught.value) == (
+        f"the methods' .toml files declare {sorted([*STRATEGIES, 'newcomer'])} but the modules define {sorted(STRATEGIES)}"
+    )
+
+
+KEPT_STATE = [
+    {"strategy": name, **over}
+    for name in STRATEGIES
+    for over in ({}, {"momentum": 0.0}, {"local-topk-error": "none"}, {"signsgd-variant": "majority"})
+]
+
+
+@pytest.mark.parametrize("settings", KEPT_STATE, ids=lambda s: "-".join(map(str, s.values())))
+def test_a_declaration_says_whether_clients_keep_state_as_the_method_keeps_it(settings: dict[str, object]) -> None:
+    """What the settings' checks read (its .toml file) and what the clients do (the record) agree."""
+    cfg = RunConfig.from_mapping(settings)
+    method = get_method(cfg.strategy)
+    assert method.declared.keeps_state_with(cfg) == (method.client.state_vectors(cfg) > 0)
+
+
+def test_every_declared_setting_takes_its_own_default_in_its_own_type() -> None:
+    for setting in DECLARED.values():
+        assert type(setting.default) is setting.kind and setting.check(setting.default) == setting.default
+        for bound in (setting.minimum, setting.maximum):
+            assert bound is None or type(bound) is setting.kind
+    assert DECLARED["error-feedback"].choices == fetchsgd.VARIANTS
+    assert DECLARED["lr-placement"].choices == fetchsgd.LR_PLACEMENTS
+
+
+def test_a_record_whose_norm_contradicts_its_declaration_is_refused() -> None:
+    powersgd, fedavg = get_method("powersgd"), get_method("fedavg")
+    with pytest.raises(
+        ValueError, match=r"^powersgd's uploads are declared clip = False, but its norm says otherwise$"
+    ):
+        replace(powersgd, privacy=fedavg.privacy)
+    with pytest.raises(ValueError, match=r"^fedavg's uploads are declared clip = True, but its norm says otherwise$"):
+        replace(fedavg, privacy=powersgd.privacy)

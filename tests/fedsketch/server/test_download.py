@@ -20,7 +20,8 @@ from bridge.flower import task_identity
 from bridge.messages import payload_to_record, wire_bytes
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
-from fedsketch.config import ConfigError, RunConfig, check_against_model
+from fedsketch.config import ConfigError, RunConfig
+from fedsketch.fit import check_against_model
 from fedsketch.server import download
 from strategies.server_app import build_strategy
 from tests.federation import SMALL_SKETCH_RUN, TestGrid

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import re
 
-import torch
-
 NAMES = ("auto", "cpu", "cuda")
 _CUDA_INDEX = re.compile(r"cuda:(\d+)")
 
@@ -45,17 +43,3 @@ def check(name: str, visible: int) -> None:
             f"setting 'device' is {name!r} but PyTorch sees {visible} CUDA GPU(s), cuda:0 to cuda:{visible - 1} "
             f"({shown}; cuda:N counts the visible ones)"
         )
-
-
-def resolve(name: str) -> torch.device:
-    """The torch device ``name`` stands for in this process: ``auto`` is CUDA when present.
-
-    Raises
-    ------
-    ValueError
-        As :func:`check`, for this process's GPUs.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check(name, torch.cuda.device_count())
-    return torch.device(name)

@@ -11,7 +11,7 @@ import torch
 from experiments.cli import main
 from experiments.flower.federation import Federation, check_device
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.model import device
+from fedsketch.settings import device
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:0", "cuda:1", "cuda:12"])
