@@ -266,7 +266,7 @@ def notes(forecasts: Sequence[RunForecast], seconds: float) -> list[str]:
     if any(f.state_bytes for f in forecasts):
         lines.append(
             "client state: at its largest, once every client has taken part (its committed and pending "
-            "vectors, fedsketch/validate.py), where client-state keeps it."
+            "vectors, fedsketch/fit.py), where client-state keeps it."
         )
     lines += [
         f"{describe(f.cfg)}: only {f.first.contributed} of {f.first.sampled} clients answered round 1"

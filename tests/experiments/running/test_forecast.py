@@ -336,7 +336,7 @@ def test_the_notes_say_where_the_figures_come_from_what_state_is_kept_and_who_di
     assert lines[-2:] == [
         (
             "client state: at its largest, once every client has taken part (its committed and pending vectors, "
-            "fedsketch/validate.py), where client-state keeps it."
+            "fedsketch/fit.py), where client-state keeps it."
         ),
         "local_topk seed 2: only 7 of 10 clients answered round 1",
     ]
