@@ -7,7 +7,9 @@ breaks, and the run says so (``strategy.broken()``, which the command turns into
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -128,3 +130,18 @@ def test_the_bound_is_a_setting_with_a_default(tmp_path: Path) -> None:
     assert strat.broken() is None and all("bounded" in r for r in strat.history)
     line = strat.history[-1]
     assert line["round"] == 4 and line["bounded"] == 0
+
+
+def test_an_upload_set_aside_is_logged_and_recorded_under_its_own_client(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = RunConfig.from_mapping({**SETTINGS, "strategy": "fedavg"})
+    strat = build_strategy(cfg, tmp_path)
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
+        strat.start(cast(Grid, TestGrid(cfg.to_mapping(), num_nodes=2, tamper=scaled)))
+    prefix = f"client {HOSTILE} set aside by the norm bound: "
+    whys = [m.removeprefix(prefix) for m in caplog.messages if m.startswith(prefix)]
+    bounded = [line for line in runlog.read_metrics(tmp_path, runlog.ROUNDS) if line["bounded"]]
+    assert len(whys) == len(bounded) == sum(line["bounded"] for line in bounded) >= 1
+    assert all(re.fullmatch(r"upload norm \S+ is beyond norm-bound 10 x the round's median \S+", why) for why in whys)
+    assert [line["first_failure"] for line in bounded] == [f"client {HOSTILE}: {why}" for why in whys]

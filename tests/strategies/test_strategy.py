@@ -104,3 +104,19 @@ def test_stateful_clients_keep_their_node() -> None:
     assert again == {10: [3, 5], 20: [4]} and not lost
     moved, homes, lost = assign_homes([2, 3], [10, 30], homes)  # node 20 left: client 2's state is gone
     assert moved == {30: [2], 10: [3]} and lost == [2] and homes[2] == 30
+
+
+def test_each_screen_draws_fresh_noise_and_keeps_the_generators_state() -> None:
+    """Client-level DP through the strategy: the noise generator's state lives in the server's values and moves on."""
+    strat, cfg = strategy("fedavg", **{"clip-norm": 1.0, "dp-noise-multiplier": 1.0})
+    ups = updates(strat, cfg, vectors(strat.d))
+    before = strat.values.noise.clone()
+    first = strat.screen(ups)
+    after_first = strat.values.noise.clone()
+    second = strat.screen(ups)
+    assert not torch.equal(after_first, before) and not torch.equal(strat.values.noise, after_first)
+    assert strat.values.noise.dtype == torch.uint8 and strat.values.noise.shape == before.shape
+    ((a,), (b,)) = first, second  # the noised mean, one update of weight 1
+    assert a.cid == b.cid == -1 and a.num_examples == b.num_examples == 1
+    assert not np.array_equal(a.payload["update"], b.payload["update"])  # a fresh draw each round
+    assert strat.books.dp_rounds == 2
