@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from fedsketch.config import RunConfig
-from fedsketch.settings.declared import DECLARATIONS, STRATEGIES, TABLE, choices
+from fedsketch.settings import declared
+from fedsketch.settings.declared import DECLARATIONS, STRATEGIES, TABLE, Declaration, Docs, choices
+from fedsketch.settings.setting import Setting
 
 PARSE_EVERY_STRATEGY = """
 import fedsketch.config as c
@@ -51,3 +55,51 @@ def test_a_state_rule_holds_only_when_every_setting_it_names_has_its_value() -> 
 def test_the_fixed_choices_are_the_tables() -> None:
     assert choices("download") == ("dense", "sparse") == tuple(TABLE["download"]["choices"])
     assert STRATEGIES == tuple(sorted(DECLARATIONS)) and all(DECLARATIONS[n].name == n for n in STRATEGIES)
+
+
+def test_a_settings_row_becomes_a_setting_of_its_type() -> None:
+    row = {"type": "float", "default": 1, "doc": "a rate", "minimum": 0, "maximum": 2}
+    made = declared._setting("x-rate", row)
+    assert made == Setting("x-rate", float, 1.0, "a rate", minimum=0.0, maximum=2.0)
+    assert type(made.default) is float and type(made.minimum) is float and type(made.maximum) is float
+    only_max = declared._setting("x-n", {"type": "int", "default": 3, "doc": "n", "maximum": 9})
+    assert only_max == Setting("x-n", int, 3, "n", maximum=9) and only_max.minimum is None
+    picked = declared._setting("x-way", {"type": "str", "default": "a", "doc": "w", "choices": ["a", "b"]})
+    assert picked == Setting("x-way", str, "a", "w", choices=("a", "b")) and picked.choices == ("a", "b")
+    assert declared._setting("x-on", {"type": "bool", "default": True, "doc": "o"}) == Setting("x-on", bool, True, "o")
+
+
+FULL = {
+    "upload": "up",
+    "keeps": "keeps",
+    "paper": "paper",
+    "linear": True,
+    "clip": False,
+    "keeps-state": {"x-way": "b"},
+    "uses": ["k", "momentum"],
+    "sweep": {"k": "k"},
+    "settings": {"x-way": {"type": "str", "default": "a", "doc": "w", "choices": ["a", "b"]}},
+}
+
+
+def test_a_methods_table_becomes_its_declaration() -> None:
+    made = declared._declaration("mine", FULL)
+    way = Setting("x-way", str, "a", "w", choices=("a", "b"))
+    assert made == Declaration(
+        "mine", Docs("up", "keeps", "paper"), True, False, {"x-way": "b"}, (way,), ("k", "momentum"), {"k": "k"}
+    )
+    bare = {k: v for k, v in FULL.items() if k not in ("settings", "sweep")}
+    least = declared._declaration("least", {**bare, "keeps-state": False})
+    assert (least.settings, dict(least.sweep), least.keeps_state, least.uses) == ((), {}, False, ("k", "momentum"))
+
+
+def test_the_methods_folder_is_read_file_by_file_every_table_by_name(tmp_path: Path) -> None:
+    least = {k: v for k, v in FULL.items() if k not in ("settings", "sweep", "keeps-state")}
+    row = "\n".join(f"{k} = {json.dumps(v)}" for k, v in least.items()) + "\nkeeps-state = false\n"
+    (tmp_path / "b.toml").write_text(f"[zeta]\n{row}\n[alpha]\n{row}")
+    (tmp_path / "a.toml").write_text(f"[mid]\n{row}")
+    (tmp_path / "notes.txt").write_text("[ignored]\n")
+    read = declared._read(tmp_path)
+    assert list(read) == ["alpha", "mid", "zeta"] and all(read[name].name == name for name in read)
+    assert read["mid"] == declared._declaration("mid", {**least, "keeps-state": False})
+    assert declared._read(tmp_path / "none") == {}
