@@ -376,3 +376,93 @@ def test_a_timeout_given_to_the_run_is_each_exchanges_wait() -> None:
     start(strat, grid_late={101: 50}, timeout=0.5)
     (row,) = strat.history
     assert row["timeouts"] > 0 and row["clients"] + row["timeouts"] == 4
+
+
+def huge(requests: list[Message], replies: list[Message]) -> list[Message]:
+    """Every value of every client's upload set to +-9e19 by its sign: within the replies' limit of 1e20, past
+    float32's range once squared (FedAdam's second moment with beta2 = 0)."""
+    for reply in replies:
+        for name, record in messages.records_of(reply.content).arrays.items():
+            if name.startswith("update."):
+                for key, array in list(record.items()):
+                    record[key] = Array((np.sign(array.numpy()) * 9e19).astype(np.float32))
+    return replies
+
+
+@pytest.mark.parametrize(
+    ("settings", "tamper"),
+    [
+        ({"strategy": "fedavg", "lr": 1e300}, None),
+        ({"strategy": "fedadam", "norm-bound": 0.0, "fedadam-beta2": 0.0}, huge),
+    ],
+    ids=["update", "state"],
+)
+def test_a_round_whose_update_or_state_is_not_finite_is_rolled_back_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, settings: dict[str, object], tamper: object
+) -> None:
+    strat = strategy(tmp_path, **{"num-rounds": 1, "eval-every": 1, **settings})
+    weights, state = strat.weights.clone(), strat.state
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2, tamper=tamper))  # type: ignore[arg-type]
+    why = "the update is not finite (huge client values?); state rolled back"
+    assert f"round 1 not applied: {why}" in caplog.messages
+    (line,) = runlog.read_metrics(tmp_path, runlog.ROUNDS)
+    assert (line["round"], line["applied"], line["reason"], line["clients"]) == (1, False, why, 4)
+    assert torch.equal(strat.weights, weights) and strat.state is state
+    assert strat.history[-1]["skipped_rounds"] == 1 and np.isfinite(strat.history[-1]["test_loss"])
+
+
+def test_uploads_clipped_on_the_nodes_that_merged_them_are_counted_as_the_servers_own() -> None:
+    base = {"num-rounds": 1, "eval-every": 1, "clip-norm": 1e-6}  # every update is longer: each is clipped
+    alone, merged = strategy(**base), strategy(**{**base, "merge-uploads": True})
+    start(alone)
+    start(merged)
+    assert alone.history[0]["clipped"] == merged.history[0]["clipped"] == alone.cfg.clients_per_round
+
+
+def test_a_client_that_does_not_answer_the_second_exchange_is_not_told_its_state_was_applied() -> None:
+    """PowerSGD commits a client's new state only once it answered (``commit = "answer"``)."""
+    dropped: list[int] = []
+
+    def one_answer_lost(requests: list[Message], replies: list[Message]) -> list[Message]:
+        if any(wire.QUERY_KEY in m.content for m in requests):  # the second exchange
+            for reply in replies:
+                cids = [int(name.split(".")[1]) for name in reply.content if name.startswith("update.")]
+                if cids and not dropped:
+                    dropped.append(cids[0])
+                    del reply.content[f"update.{cids[0]}"], reply.content[f"metrics.{cids[0]}"]
+                    reply.content[f"failure.{cids[0]}"] = ConfigRecord({"reason": "left"})
+        return replies
+
+    strat = strategy(**{"strategy": "powersgd", "num-rounds": 1, "eval-every": 1})
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2, tamper=one_answer_lost))  # type: ignore[arg-type]
+    asked = sorted(cid for cids in strat.plan.sent.values() for cid in cids)  # type: ignore[union-attr]
+    assert dropped and strat.history[0]["skipped_rounds"] == 0
+    assert sorted(strat.books.applied) == sorted(set(asked) - set(dropped))
+
+
+def test_a_round_whose_clients_all_report_no_loss_is_applied_with_no_train_loss() -> None:
+    def no_loss(requests: list[Message], replies: list[Message]) -> list[Message]:
+        for reply in replies:
+            for name, record in messages.records_of(reply.content).metrics.items():
+                if name.startswith("metrics.") and wire.LOSS in record:
+                    record[wire.LOSS] = float("nan")
+        return replies
+
+    strat = strategy(**{"num-rounds": 1, "eval-every": 1})
+    before = strat.weights.clone()
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2, tamper=no_loss))  # type: ignore[arg-type]
+    (row,) = strat.history
+    assert row["skipped_rounds"] == 0 and not torch.equal(strat.weights, before)
+    assert np.isnan(row["train_loss"]) and np.isnan(strat.books.last_loss)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_round_on_a_gpu_steps_the_model_where_it_lives() -> None:
+    strat = strategy(**{"num-rounds": 1, "eval-every": 1, "device": "cuda"})
+    before = strat.weights.clone()
+    start(strat)
+    assert strat.weights.is_cuda and strat.history[0]["skipped_rounds"] == 0
+    assert not torch.equal(strat.weights, before)
