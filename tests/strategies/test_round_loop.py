@@ -18,13 +18,14 @@ from bridge import messages
 from bridge.flower import task_identity
 from fedsketch import wire
 from fedsketch.config import RunConfig
+from fedsketch.data.run import load_data
 from fedsketch.server import checkpoint, runlog
 from fedsketch.server.privacy import privacy_metrics
 from strategies import resume
 from strategies.replies import COUNTED_AS
 from strategies.server_app import build_strategy
 from strategies.strategy import DIVERGED_LOSS, FedSketchStrategy
-from tests.federation import ROUND_SETTINGS, Recorder, TestGrid, download_of, sent, upload_of
+from tests.federation import ROUND_SETTINGS, SMALL_SKETCH_RUN, Recorder, TestGrid, download_of, sent, upload_of
 
 SETTINGS = {"strategy": "fedavg", "num-clients": 8, "clients-per-round": 4, "model-hidden": 8, "num-rounds": 5}
 
@@ -466,3 +467,53 @@ def test_a_round_on_a_gpu_steps_the_model_where_it_lives() -> None:
     start(strat)
     assert strat.weights.is_cuda and strat.history[0]["skipped_rounds"] == 0
     assert not torch.equal(strat.weights, before)
+
+
+def test_a_reply_may_count_one_local_batch_or_with_local_steps_the_largest_partition() -> None:
+    grad, delta = strategy(), strategy(**{"client-update": "delta"})
+    assert grad.max_examples == grad.cfg.local_batch_size
+    biggest = max(len(idx) for idx in load_data(delta.cfg).client_indices)
+    assert delta.max_examples == biggest != grad.cfg.local_batch_size
+    unbounded = FedSketchStrategy(delta.cfg, delta.model, delta.test_x, delta.test_y)
+    assert unbounded.max_examples == 2**31 - 1
+
+
+def test_the_dense_bytes_are_what_a_dense_clients_update_serializes_to() -> None:
+    strat, recorder = strategy(**{"num-rounds": 1, "eval-every": 1}), Recorder()
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
+    ((_, replies),) = recorder.rounds()[1]
+    payloads = [payload for payload, _ in sent(replies).values()]
+    assert {messages.wire_bytes(messages.payload_to_record(p)) for p in payloads} == {strat.dense_bytes}
+    assert strat.history[0]["dense_upload_bytes"] == strat.dense_bytes * strat.cfg.clients_per_round
+
+
+def test_a_deployments_missing_nodes_are_counted_in_each_rounds_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = {"num-rounds": 2, "num-clients": 3, "clients-per-round": 2, "min-nodes": 2, "client-assignment": "node"}
+    strat = strategy(tmp_path, **settings)
+    with task_identity(), caplog.at_level(logging.WARNING, logger="flwr"):
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2))  # type: ignore[arg-type]
+    lines = runlog.read_metrics(tmp_path, runlog.ROUNDS)
+    assert [(line["round"], line["missing_nodes"], line["clients"]) for line in lines] == [(1, 1, 2), (2, 1, 2)]
+    said = [m for m in caplog.messages if "nodes missing" in m]
+    assert said == [f"round {r}: 1 of the 3 nodes missing; going on with 2" for r in (1, 2)]
+
+
+def test_each_request_carries_its_rounds_learning_rate() -> None:
+    strat, recorder = strategy(**{"num-rounds": 3, "lr-schedule": "cosine"}), Recorder()
+    with task_identity():
+        strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=2, tamper=recorder))  # type: ignore[arg-type]
+    for rnd, ((requests, _),) in recorder.rounds().items():
+        rates = {float(m.content.config_records[wire.CONFIG_KEY][wire.LR]) for m in requests}  # type: ignore[arg-type]
+        assert rates == {strat.lr_at(rnd)}
+    assert len({strat.lr_at(r) for r in (1, 2, 3)}) == 3
+
+
+def test_each_row_reports_the_sketch_diagnostic_of_its_own_rounds_only() -> None:
+    strat = strategy(
+        **{**SMALL_SKETCH_RUN, "strategy": "fetchsgd", "num-rounds": 3, "eval-every": 1, "diagnose-sketch": True}
+    )
+    start(strat)
+    assert [row["sketch_rounds"] for row in strat.history] == [1, 1, 1]
