@@ -517,3 +517,12 @@ def test_each_row_reports_the_sketch_diagnostic_of_its_own_rounds_only() -> None
     )
     start(strat)
     assert [row["sketch_rounds"] for row in strat.history] == [1, 1, 1]
+
+
+def test_a_timeout_given_to_start_bounds_each_exchange_in_place_of_the_round_timeout() -> None:
+    strat = strategy(**{"num-rounds": 1, "round-timeout": 120.0})
+    grid = TestGrid(strat.cfg.to_mapping(), num_nodes=2, late={101: 50})
+    with task_identity():
+        strat.start(grid, timeout=0.5)  # type: ignore[arg-type]
+    (row,) = strat.history
+    assert row["timeouts"] > 0 and row["clients"] + row["timeouts"] == 4
