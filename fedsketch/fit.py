@@ -26,7 +26,7 @@ def check_against_model(cfg: RunConfig, d: int) -> None:
     ------
     ConfigError
         If ``k`` or ``download-k`` exceeds the number of parameters, if the sketch has fewer columns than ``k``
-        (:func:`fedsketch.sketch.count_sketch.regime.refuse`; checked here, on each run an experiment makes, rather than on the
+        (:func:`fedsketch.sketch_regime.refuse`; checked here, on each run an experiment makes, rather than on the
         tables it is made of), if the method's own limits are not met (e.g. Sketched-SGD's
         ``candidate-factor * k``), or if the clients' kept state would exceed ``max-client-state-mb`` (or, with
         ``client-state = "disk"``, the free disk space).

@@ -384,7 +384,7 @@ def huge(requests: list[Message], replies: list[Message]) -> list[Message]:
     float32's range once squared (FedAdam's second moment with beta2 = 0)."""
     for reply in replies:
         for name, record in messages.records_of(reply.content).arrays.items():
-            if name.startswith("update."):
+            if (parsed := wire.parse_cid(name)) is not None and parsed[0] == "update":
                 for key, array in list(record.items()):
                     record[key] = Array((np.sign(array.numpy()) * 9e19).astype(np.float32))
     return replies
@@ -428,11 +428,11 @@ def test_a_client_that_does_not_answer_the_second_exchange_is_not_told_its_state
     def one_answer_lost(requests: list[Message], replies: list[Message]) -> list[Message]:
         if any(wire.QUERY_KEY in m.content for m in requests):  # the second exchange
             for reply in replies:
-                cids = [int(name.split(".")[1]) for name in reply.content if name.startswith("update.")]
+                cids = [p[1] for key in reply.content if (p := wire.parse_cid(key)) is not None and p[0] == "update"]
                 if cids and not dropped:
                     dropped.append(cids[0])
-                    del reply.content[f"update.{cids[0]}"], reply.content[f"metrics.{cids[0]}"]
-                    reply.content[f"failure.{cids[0]}"] = ConfigRecord({"reason": "left"})
+                    del reply.content[wire.update_key(cids[0])], reply.content[wire.metrics_key(cids[0])]
+                    reply.content[wire.failure_key(cids[0])] = ConfigRecord({wire.REASON: "left"})
         return replies
 
     strat = strategy(**{"strategy": "powersgd", "num-rounds": 1, "eval-every": 1})
@@ -447,7 +447,7 @@ def test_a_round_whose_clients_all_report_no_loss_is_applied_with_no_train_loss(
     def no_loss(requests: list[Message], replies: list[Message]) -> list[Message]:
         for reply in replies:
             for name, record in messages.records_of(reply.content).metrics.items():
-                if name.startswith("metrics.") and wire.LOSS in record:
+                if (parsed := wire.parse_cid(name)) is not None and parsed[0] == "metrics" and wire.LOSS in record:
                     record[wire.LOSS] = float("nan")
         return replies
 
