@@ -198,7 +198,8 @@ def _collect_content(
     content: RecordDict,
 ) -> None:
     configs, metric_records = found.configs, found.metrics
-    if wire.MERGED_METRICS in metric_records or wire.MERGED_KEY in found.arrays:
+    merged = wire.MERGED_METRICS in metric_records or wire.MERGED_KEY in found.arrays
+    if merged or any(wire.rejected_key(cid) in configs for cid in asked):  # a node that refused every upload
         _collect_merged(found, node, asked, spec, limits, out, content)
         return
     for cid in asked:
@@ -269,7 +270,9 @@ def _collect_merged(
     if not members:
         return
     try:
-        payload = _validated_merge(arrays, totals, sum(m.num_examples for m in members), spec, limits)
+        payload, clipped = _validated_merge(
+            arrays, totals, len(members), sum(m.num_examples for m in members), spec, limits
+        )
     except ValueError as exc:
         for m in members:
             out.fail(m.cid, "rejected", f"merged upload: {exc}")
@@ -278,7 +281,7 @@ def _collect_merged(
     loss = sum(losses) / len(losses) if losses else float("nan")
     out.members += members
     out.merged.append(ClientUpdate(members[0].cid, payload, sum(m.num_examples for m in members), loss, 0, node))
-    out.clipped += int(totals.get(wire.CLIPPED, 0)) if totals is not None else 0
+    out.clipped += clipped
 
 
 def _billed(value: object, most: int) -> int | None:
@@ -289,18 +292,22 @@ def _billed(value: object, most: int) -> int | None:
 def _validated_merge(
     arrays: ArrayRecord | None,
     totals: MetricRecord | None,
+    uploads: int,
     examples: int,
     spec: PayloadSpec | PayloadCheck,
     limits: ReplyLimits,
-) -> dict[str, np.ndarray]:
-    """A merged mean: present, of the method's exact layout, and of exactly the accepted clients' examples."""
+) -> tuple[dict[str, np.ndarray], int]:
+    """A merged mean: present, of the method's exact layout, and of exactly the accepted clients' examples; with
+    how many of its ``uploads`` the node clipped (a count from 0 to ``uploads``)."""
     if arrays is None or totals is None or callable(spec):
         raise ValueError("no merged arrays and totals of a fixed layout")
-    total = totals.get(wire.NUM_EXAMPLES)
+    total, clipped = totals.get(wire.NUM_EXAMPLES), totals.get(wire.CLIPPED, 0)
     if total != examples:
         raise ValueError(f"num-examples {str(total)[:40]} != the accepted clients' {examples}")
+    if not isinstance(clipped, int) or not 0 <= clipped <= uploads:
+        raise ValueError(f"clipped {str(clipped)[:40]} is not a count of its {uploads} uploads")
     payload, _ = _validated_payload(arrays, spec, limits)
-    return payload
+    return payload, clipped
 
 
 def _validated_diagnostic(
