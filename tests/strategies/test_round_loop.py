@@ -170,7 +170,7 @@ class SecondExchangeLate(TestGrid):
 
 
 def test_a_second_exchange_waits_the_round_timeout_and_no_longer() -> None:
-    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1, "round-timeout": 0.5})
+    cfg = RunConfig.from_mapping({**ROUND_SETTINGS, "strategy": "sketched_sgd", "num-rounds": 1, "round-timeout": 0.2})
     strat = build_strategy(cfg, None)
     grid = SecondExchangeLate(cfg.to_mapping(), num_nodes=2)
     with task_identity():
@@ -270,7 +270,7 @@ def test_a_resumed_run_counts_the_time_already_spent_and_saves_its_last_round(tm
 
 
 def test_the_first_exchange_waits_the_round_timeout_and_no_longer() -> None:
-    strat = strategy(**{"num-rounds": 1, "round-timeout": 0.5})
+    strat = strategy(**{"num-rounds": 1, "round-timeout": 0.2})
     grid = TestGrid(strat.cfg.to_mapping(), num_nodes=2, late={101: 50})
     with task_identity():
         strat.start(grid)
@@ -374,7 +374,7 @@ def test_an_upload_set_aside_by_the_norm_bound_names_its_client(
 def test_a_timeout_given_to_the_run_is_each_exchanges_wait() -> None:
     """Flower's ``Strategy.start`` takes a timeout: it replaces the setting ``round-timeout``."""
     strat = strategy(**{"num-rounds": 1, "round-timeout": 300})
-    start(strat, grid_late={101: 50}, timeout=0.5)
+    start(strat, grid_late={101: 50}, timeout=0.2)
     (row,) = strat.history
     assert row["timeouts"] > 0 and row["clients"] + row["timeouts"] == 4
 
@@ -523,6 +523,6 @@ def test_a_timeout_given_to_start_bounds_each_exchange_in_place_of_the_round_tim
     strat = strategy(**{"num-rounds": 1, "round-timeout": 120.0})
     grid = TestGrid(strat.cfg.to_mapping(), num_nodes=2, late={101: 50})
     with task_identity():
-        strat.start(grid, timeout=0.5)  # type: ignore[arg-type]
+        strat.start(grid, timeout=0.2)  # type: ignore[arg-type]
     (row,) = strat.history
     assert row["timeouts"] > 0 and row["clients"] + row["timeouts"] == 4

@@ -212,7 +212,7 @@ def test_a_secure_round_that_halts_mid_way_is_billed_what_it_sent_and_counts_eac
         exchanges.append((requests, kept))
         return kept
 
-    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 3, "round-timeout": 0.5})
+    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 3, "round-timeout": 0.2})
     with task_identity():
         strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=3, tamper=silent_after_keys))
     (row,) = strat.history
@@ -230,7 +230,7 @@ def test_a_node_silent_in_the_last_secure_stage_is_waited_for_until_the_timeout(
         stages.append(len(requests))
         return [m for m in replies if m.metadata.src_node_id != 101] if len(stages) == 4 else replies
 
-    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 6, "round-timeout": 0.5})
+    strat = secure_strategy(**{"num-rounds": 1, "clients-per-round": 6, "round-timeout": 0.2})
     with task_identity():
         strat.start(TestGrid(strat.cfg.to_mapping(), num_nodes=3, tamper=silent_at_unmask))
     (row,) = strat.history

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -243,23 +245,46 @@ def test_loads_are_exactly_even_when_chunks_cover_the_table() -> None:
 
 
 # ---------------------------------------------------------------- determinism
-def fingerprints() -> dict[str, object]:
-    """Digests of a table and of estimates at d = 10^9, and the peak memory the latter added."""
-    vec = randn(123_457, 11)
-    table = sketch_of(vec, 5, 20_000, seed=42).table
+def sparse_work_at_a_billion() -> tuple[bool, float]:
+    """Whether estimates at d = 10^9 are exact, and the peak memory (MB) the work added."""
     idx = torch.randint(0, 10**9, (1_000,), generator=torch.Generator().manual_seed(1))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     huge = CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2))
     estimates = huge.estimate(idx)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    digest = {
+    return bool(torch.equal(estimates, randn(1_000, 2))), float(grown_mb)
+
+
+def fingerprints() -> dict[str, str]:
+    """Digests of a table and of estimates at d = 10^9."""
+    idx = torch.randint(0, 10**9, (1_000,), generator=torch.Generator().manual_seed(1))
+    table = sketch_of(randn(123_457, 11), 5, 20_000, seed=42).table
+    estimates = CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2)).estimate(idx)
+    return {
         name: hashlib.sha256(t.numpy().tobytes()).hexdigest() for name, t in (("table", table), ("huge", estimates))
     }
-    return {**digest, "exact": bool(torch.equal(estimates, randn(1_000, 2))), "grown_mb": float(grown_mb)}
+
+
+def in_a_fork(work: Callable[[], tuple[bool, float]]) -> tuple[bool, float]:
+    """``work()`` in a forked copy of this process, whose peak memory starts at what it holds now (Linux)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: answer, then leave at once (no atexit, no pytest teardown)
+        try:
+            torch.set_num_threads(1)  # the parent's OpenMP threads are not in the copy
+            os.write(write, json.dumps(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    os.waitpid(pid, 0)
+    exact, grown_mb = json.loads(text)
+    return exact, grown_mb
 
 
 @pytest.fixture(scope="module")
-def other_process() -> dict[str, object]:
+def other_process() -> dict[str, str]:
     code = "import json; from tests.fedsketch.sketch.test_count_sketch import fingerprints; print(json.dumps(fingerprints()))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
@@ -270,15 +295,27 @@ def other_process() -> dict[str, object]:
 @pytest.mark.slow  # a second Python process that imports torch: about 5 s
 def test_same_arguments_give_the_same_hashes_in_another_process(other_process: dict[str, object]) -> None:
     here = fingerprints()
-    assert (other_process["table"], other_process["huge"]) == (here["table"], here["huge"])
+    assert other_process == here
     changed = sketch_of(randn(123_457, 11), 5, 20_000, seed=43).table
     assert hashlib.sha256(changed.numpy().tobytes()).hexdigest() != here["table"]
 
 
-def test_d_of_a_billion_needs_no_d_sized_memory(other_process: dict[str, object]) -> None:
+def test_d_of_a_billion_needs_no_d_sized_memory() -> None:
     """A d-sized int64 hash tensor would be 8 GB; sparse work at d = 10^9 adds almost nothing."""
-    assert other_process["exact"] is True
-    assert isinstance(other_process["grown_mb"], float) and other_process["grown_mb"] < 64
+    exact, grown_mb = in_a_fork(sparse_work_at_a_billion)
+    assert exact is True and grown_mb < 64
+
+
+def test_the_memory_measure_sees_a_d_sized_tensor() -> None:
+    """The measure above would see a hash tensor of d = 10^8 (800 MB) made in the fork."""
+    _, grown_mb = in_a_fork(lambda: (True, _grown_by(lambda: torch.ones(10**8, dtype=torch.int64))))
+    assert grown_mb > 700
+
+
+def _grown_by(make: Callable[[], torch.Tensor]) -> float:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    make()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
 
 
 @pytest.mark.gpu
