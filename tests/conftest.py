@@ -41,8 +41,8 @@ if WORKER:
     import torch
 
     torch.set_num_threads(1)
-# At exit the interpreter collects every object a session made, seconds for a worker while the run waits on it;
-# registered first, this runs last, after every other exit handler: the final collection skips what is left.
+# At exit the interpreter collects every object a session made, seconds for a worker while the run waits on it.
+# Frozen objects are outside every generation, so that final collection skips them (exit handlers still run).
 atexit.register(gc.freeze)
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
 os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))

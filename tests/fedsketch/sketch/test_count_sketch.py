@@ -16,8 +16,10 @@ import os
 import resource
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -245,42 +247,49 @@ def test_loads_are_exactly_even_when_chunks_cover_the_table() -> None:
 
 
 # ---------------------------------------------------------------- determinism
-def sparse_work_at_a_billion() -> tuple[bool, float]:
-    """Whether estimates at d = 10^9 are exact, and the peak memory (MB) the work added."""
+def huge_estimates() -> torch.Tensor:
+    """Estimates at d = 10^9 of 1,000 random coordinates, each added once."""
     idx = torch.randint(0, 10**9, (1_000,), generator=torch.Generator().manual_seed(1))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    huge = CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2))
-    estimates = huge.estimate(idx)
-    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    return bool(torch.equal(estimates, randn(1_000, 2))), float(grown_mb)
+    return CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2)).estimate(idx)
 
 
 def fingerprints() -> dict[str, str]:
     """Digests of a table and of estimates at d = 10^9."""
-    idx = torch.randint(0, 10**9, (1_000,), generator=torch.Generator().manual_seed(1))
     table = sketch_of(randn(123_457, 11), 5, 20_000, seed=42).table
-    estimates = CountSketch(10**9, 5, 10**5, seed=7).accumulate_sparse(idx, randn(1_000, 2)).estimate(idx)
     return {
-        name: hashlib.sha256(t.numpy().tobytes()).hexdigest() for name, t in (("table", table), ("huge", estimates))
+        name: hashlib.sha256(t.numpy().tobytes()).hexdigest()
+        for name, t in (("table", table), ("huge", huge_estimates()))
     }
 
 
-def in_a_fork(work: Callable[[], tuple[bool, float]]) -> tuple[bool, float]:
-    """``work()`` in a forked copy of this process, whose peak memory starts at what it holds now (Linux)."""
+def with_peak_growth(make: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """What ``make()`` returns, and the peak memory (MB) it added to this process."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    made = make()
+    return made, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def in_a_fork(work: Callable[[], Any]) -> Any:
+    """``work()``'s JSON value, computed in a forked copy of this process, whose peak memory starts at what it
+    holds now (Linux)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the copy: answer, then leave at once (no atexit, no pytest teardown)
+        status = 1
         try:
             torch.set_num_threads(1)  # the parent's OpenMP threads are not in the copy
             os.write(write, json.dumps(work()).encode())
+            status = 0
+        except BaseException:  # noqa: BLE001 -- told to the parent by the exit status, shown on stderr
+            traceback.print_exc()
         finally:
-            os._exit(0)
+            os._exit(status)
     os.close(write)
     with os.fdopen(read) as answer:
         text = answer.read()
-    os.waitpid(pid, 0)
-    exact, grown_mb = json.loads(text)
-    return exact, grown_mb
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, "the forked work failed (its traceback is on stderr)"
+    return json.loads(text)
 
 
 @pytest.fixture(scope="module")
@@ -302,20 +311,18 @@ def test_same_arguments_give_the_same_hashes_in_another_process(other_process: d
 
 def test_d_of_a_billion_needs_no_d_sized_memory() -> None:
     """A d-sized int64 hash tensor would be 8 GB; sparse work at d = 10^9 adds almost nothing."""
-    exact, grown_mb = in_a_fork(sparse_work_at_a_billion)
+
+    def work() -> tuple[bool, float]:
+        estimates, grown_mb = with_peak_growth(huge_estimates)
+        return bool(torch.equal(estimates, randn(1_000, 2))), grown_mb
+
+    exact, grown_mb = in_a_fork(work)
     assert exact is True and grown_mb < 64
 
 
 def test_the_memory_measure_sees_a_d_sized_tensor() -> None:
     """The measure above would see a hash tensor of d = 10^8 (800 MB) made in the fork."""
-    _, grown_mb = in_a_fork(lambda: (True, _grown_by(lambda: torch.ones(10**8, dtype=torch.int64))))
-    assert grown_mb > 700
-
-
-def _grown_by(make: Callable[[], torch.Tensor]) -> float:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    make()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert in_a_fork(lambda: with_peak_growth(lambda: torch.ones(10**8, dtype=torch.int64))[1]) > 700
 
 
 @pytest.mark.gpu
