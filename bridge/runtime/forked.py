@@ -44,7 +44,7 @@ def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool =
         if backoff:
             supernode_waits.install()
             object_pulls.install(object_pulls.SUPERNODE, OBJECT_RETRY_S)
-
+        _one_goodbye()
         sys.argv = argv
         flower_supernode()
         code = 0
@@ -63,6 +63,29 @@ def run_supernode(argv: list[str], report_fd: int | None = None, backoff: bool =
     except BaseException:  # noqa: BLE001 -- report and exit; never return into the launcher
         traceback.print_exc()
     _exit(code)
+
+
+def _one_goodbye() -> None:
+    """Let the SuperNode's first SIGINT, SIGTERM or SIGQUIT end in its goodbye to the SuperLink, whatever follows.
+
+    Flower's SuperNode (1.41, 1.42) exits gracefully on the first of these signals, which tells the SuperLink
+    that it leaves (``DeactivateNode``), and puts back the handlers it found for any later one. Those were
+    ``SIG_DFL``: the SIGTERM that the stopping launcher sends right after a Ctrl-C or a ``kill`` of the group
+    killed the node before its goodbye, and the SuperLink kept it online until its heartbeat lapsed (up to
+    60 s). The handlers it finds are now these: until Flower's exit has begun a signal ends the fork at
+    once; after, it is ignored (the launcher SIGKILLs a node still there :data:`bridge.runtime.launcher.STOP_GRACE_S` later).
+    """
+    from flwr.supercore.exit import add_exit_handler
+
+    leaving: list[bool] = []
+    add_exit_handler(lambda: leaving.append(True), run_before_force_exit=True)
+
+    def handler(signum: int, frame: object) -> None:
+        if not leaving:
+            raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, handler)
 
 
 def run_task(token: str, runtime_address: str) -> NoReturn:
