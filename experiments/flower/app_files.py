@@ -65,8 +65,8 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
     ``flwr run DIR`` reads every file below DIR before it drops those that
     ``.gitignore`` and its own rules exclude (``collect_files`` in
     ``flwr/cli/utils.py``): with the virtual environment inside the project
-    folder, as the README's set-up makes it, 44,000 files and 2.1 s on a 2-core
-    machine before every run. This walk skips the folders ``.gitignore``
+    folder, as the README's set-up makes it, seconds before every run
+    (docs/deployment.md). This walk skips the folders ``.gitignore``
     excludes, then applies Flower's own filter, so the FAB holds the same files.
     Where Flower's filter cannot be imported, ``app_dir`` itself is returned.
 

@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key, load_ssh_public_key
 
 from experiments.flower import procs
+from experiments.flower.app_files import stage_app
 from experiments.flower.flower_procs import free_port
 from experiments.flower.procs import processes_with_env
 
@@ -118,7 +119,7 @@ def test_the_pages_openssl_commands_make_what_flower_needs(tmp_path: Path) -> No
     """A CA, a server certificate naming 127.0.0.1 signed by it, and SuperNode keys Flower can load."""
     text = DOC.read_text(encoding="utf-8")
     settings, made = steps(text)[0], steps(text, "own-pki")[:3]
-    env = _environment(tmp_path)
+    env = _environment(tmp_path, run=False)
     for step in made:
         done = subprocess.run(
             ["bash", "-euc", settings.code + step.code],
@@ -196,13 +197,17 @@ def _follow(page: list[Step], tmp_path: Path) -> tuple[dict[str, str], dict[str,
     return outputs, logs
 
 
-def _environment(tmp_path: Path) -> dict[str, str]:
-    """The settings' defaults for this machine, and a tag that every started process inherits."""
+def _environment(tmp_path: Path, run: bool = True) -> dict[str, str]:
+    """The settings' defaults for this machine, and a tag that every started process inherits.
+
+    For steps that ``run``, ``FEDSKETCH_SRC`` is a copy of this checkout's files that ``flwr run`` ships
+    (:func:`stage_app`): the same FAB, without the walk through the virtual environment inside the checkout
+    (docs/deployment.md)."""
     venv = Path(sys.executable).parent
     env = dict(os.environ)
     env.update(
         KIT=str(tmp_path / "fedsketch-kit"),
-        FEDSKETCH_SRC=str(ROOT),
+        FEDSKETCH_SRC=str(stage_app(ROOT, tmp_path / "checkout") if run else ROOT),
         PORT=str(free_port()),
         PORT0=str(free_port()),
         PORT1=str(free_port()),
