@@ -86,7 +86,7 @@ def load(spec: DataSpec) -> HFData:
             f"{name}: setting 'num-classes' is {spec.num_classes} but column {spec.hf_label!r} has {classes}"
         )
     x_train, x_test = _features(train, test, features, name)
-    ids = np.asarray(train[spec.hf_client_id]) if spec.hf_client_id else None
+    ids = np.asarray(train.select_columns([spec.hf_client_id])[:][spec.hf_client_id]) if spec.hf_client_id else None
     return HFData(x_train, y_train, x_test, y_test, ids, classes, name)
 
 
@@ -165,7 +165,7 @@ def _labels(train: Any, test: Any, spec: DataSpec, name: str) -> tuple[np.ndarra
 
     column = spec.hf_label
     feature = train.features[column]
-    y_train, y_test = (np.asarray(split.with_format("numpy")[column]) for split in (train, test))
+    y_train, y_test = (_labels_of(split, column) for split in (train, test))
     if isinstance(feature, datasets.ClassLabel):
         return y_train.astype(np.int64), y_test.astype(np.int64), feature.num_classes
     for split, y in (("training", y_train), ("test", y_test)):
@@ -227,7 +227,7 @@ def _images(train: Any, test: Any, column: str, name: str) -> tuple[np.ndarray, 
     mode = "L" if train[0][column].mode in _GRAY else "RGB"
     out = []
     for split, label in ((train, "train"), (test, "test")):
-        pixels = split.cast_column(column, datasets.Image(mode=mode)).with_format("numpy")[column]
+        pixels = _column(split.cast_column(column, datasets.Image(mode=mode)), column)
         out.append(_stack(pixels, f"{name}: {label} images of column {column!r}") / np.float32(255.0))
     x_train, x_test = out
     if x_train.ndim == 3:
@@ -243,7 +243,7 @@ def _images(train: Any, test: Any, column: str, name: str) -> tuple[np.ndarray, 
 
 def _numbers(split: Any, columns: list[str], name: str) -> np.ndarray:
     """The numeric columns of one split side by side, float64 ``(N, F)`` (standardized before they become float32)."""
-    table = split.select_columns(columns).with_format("numpy")
+    table = split.select_columns(columns).with_format("numpy")[:]
     parts = []
     for column in columns:
         values = _stack(table[column], f"{name}: column {column!r}")
@@ -254,6 +254,17 @@ def _numbers(split: Any, columns: list[str], name: str) -> np.ndarray:
             )
         parts.append(values.reshape(values.shape[0], -1).astype(np.float64))
     return np.concatenate(parts, axis=1)
+
+
+def _labels_of(split: Any, column: str) -> np.ndarray:
+    """A split's label column read through Arrow in one batch: integers with a gap come as floats with NaN."""
+    values = split.select_columns([column]).with_format("arrow")[:][column].to_numpy(zero_copy_only=False)
+    return values.astype(str) if values.dtype == object and all(isinstance(v, str) for v in values) else values
+
+
+def _column(split: Any, column: str) -> Any:
+    """One column of a split as numpy makes it, read in one batch, not row by row (docs/huggingface.md)."""
+    return split.select_columns([column]).with_format("numpy")[:][column]
 
 
 def _stack(values: Any, what: str) -> np.ndarray:
