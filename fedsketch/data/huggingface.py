@@ -169,8 +169,9 @@ def _labels(train: Any, test: Any, spec: DataSpec, name: str) -> tuple[np.ndarra
     if isinstance(feature, datasets.ClassLabel):
         return y_train.astype(np.int64), y_test.astype(np.int64), feature.num_classes
     for split, y in (("training", y_train), ("test", y_test)):
-        if y.dtype.kind == "f" and np.isnan(y).any():  # integers with a gap come as floats with NaN
-            row = int(np.flatnonzero(np.isnan(y))[0])
+        gaps = np.isnan(y) if y.dtype.kind == "f" else np.equal(y, None) if y.dtype.kind == "O" else None
+        if gaps is not None and gaps.any():  # integers with a gap come as floats with NaN, strings as None
+            row = int(np.flatnonzero(gaps)[0])
             raise DataError(
                 f"{name}: column {column!r} (setting 'hf-label') has no label at row {row} of the {split} split"
             )
@@ -257,7 +258,8 @@ def _numbers(split: Any, columns: list[str], name: str) -> np.ndarray:
 
 
 def _labels_of(split: Any, column: str) -> np.ndarray:
-    """A split's label column read through Arrow in one batch: integers with a gap come as floats with NaN."""
+    """A split's label column read through Arrow in one batch: integers with a gap come as floats with NaN,
+    strings with a gap as objects with None."""
     values = split.select_columns([column]).with_format("arrow")[:][column].to_numpy(zero_copy_only=False)
     return values.astype(str) if values.dtype == object and all(isinstance(v, str) for v in values) else values
 

@@ -544,10 +544,12 @@ def test_labels_of_two_kinds_are_refused_naming_both(tmp_path: Path, train: list
 
 
 @pytest.mark.parametrize("split", ["training", "test"])
-def test_a_missing_label_is_refused_naming_its_row_and_split(tmp_path: Path, split: str) -> None:
+@pytest.mark.parametrize("kind", [[1, 0], ["cat", "dog"]])  # integers, or strings: not a class named "None"
+def test_a_missing_label_is_refused_naming_its_row_and_split(tmp_path: Path, split: str, kind: list[Any]) -> None:
+    a, b = kind
     gap, full = (
-        _split(x=[0.0, 1.0, 2.0, 3.0], label=[1, None, 0, None]),
-        _split(x=[0.0, 1.0, 2.0, 3.0], label=[1, 0, 0, 1]),
+        _split(x=[0.0, 1.0, 2.0, 3.0], label=[b, None, a, None]),
+        _split(x=[0.0, 1.0, 2.0, 3.0], label=[b, a, a, b]),
     )
     root = _save(tmp_path / "gap", *((gap, full) if split == "training" else (full, gap)))
     with pytest.raises(DataError) as caught:
