@@ -350,8 +350,8 @@ def add_update(
         content[wire.diagnostic_key(cid)] = payload_to_record(diagnostic)
 
 
-def add_failure(content: RecordDict, cid: int, reason: str) -> None:
-    """One logical client's failure entry instead of an update."""
+def add_failure(content: RecordDict, cid: int, reason: str | None) -> None:
+    """One logical client's failure entry instead of an update (a reason it did not give: "unknown error")."""
     content[wire.failure_key(cid)] = failure_record(reason or "unknown error")
 
 

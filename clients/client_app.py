@@ -146,7 +146,7 @@ def train(msg: Message, context: Context) -> Message:
         if out.state is not None:  # pending until the server says it applied this round's upload
             store.save(out.cid, client_state.with_pending(bases[out.cid], out.state, request.server_round))
         if out.payload is None:
-            messages.add_failure(content, out.cid, out.error or "")
+            messages.add_failure(content, out.cid, out.error)
             continue
         metrics = messages.client_metrics(out.num_examples, out.loss, out.compute_s, echo)
         messages.add_update(content, out.cid, out.payload, metrics, out.diagnostic)

@@ -3,7 +3,7 @@
 With one client per node (deployment) and sparse downloads, a device keeps the
 model it last received in its node's ``Context.state``; the server then sends
 it the new values of every coordinate changed since the round it last synced
-(:func:`fedsketch.server.download.catch_up`) instead of the whole model, and bills it
+(:func:`strategies.billing.catch_up`) instead of the whole model, and bills it
 exactly that message. The device echoes the CRC-32 of the model it trained on
 and the server rejects a mismatch, so a catch-up that went wrong costs one
 round of that client, never a wrong update. With ``download-from-init`` a
@@ -23,10 +23,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
 from bridge.messages import Request, typed_record
+from fedsketch.compress.common import Payload
+from fedsketch.compress.sparse import decode_sparse_pairs
 from fedsketch.config import RunConfig
 from fedsketch.data.run import load_data
 from fedsketch.model.flat import get_flat
-from fedsketch.server.download import INITIAL, apply_catch_up
+from fedsketch.server.ledger import INITIAL
 from fedsketch.task import make_model
 
 KEPT = "kept-model"
@@ -57,6 +59,14 @@ def weights_for(request: Request, context: Context, initial: Callable[[], np.nda
             f"the kept model is from round {kept_round}; the catch-up starts at round {request.base_round}"
         )
     return apply_catch_up(record["w"].numpy(), request.catch_up)
+
+
+def apply_catch_up(weights: np.ndarray, payload: Payload) -> np.ndarray:
+    """Overwrite the changed coordinates of the model the device kept (returns a new array)."""
+    idx, val = decode_sparse_pairs(payload, weights.size)
+    out = np.array(weights, dtype=np.float32, copy=True)
+    out[idx.numpy()] = val.numpy()
+    return out
 
 
 def keep(context: Context, weights: np.ndarray, server_round: int) -> None:

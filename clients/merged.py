@@ -37,7 +37,7 @@ def merged_reply(
     checked, sent = [], {}
     for out in outcomes:
         if out.payload is None:
-            messages.add_failure(content, out.cid, out.error or "")
+            messages.add_failure(content, out.cid, out.error)
             continue
         metrics = messages.client_metrics(out.num_examples, out.loss, out.compute_s, echo)
         sent[out.cid] = (metrics, messages.payload_bytes(out.payload))

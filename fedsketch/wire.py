@@ -7,7 +7,7 @@ logical client still gets its own reply entries, bytes and failure:
 
 request  ``model``            ArrayRecord  {"w": float32[d]}, or instead ``catch-up``
                                            (a sparse payload, ``download = "sparse"`` with
-                                           one client per node: see fedsketch/server/download.py)
+                                           one client per node: see strategies/billing.py)
          ``config``           ConfigRecord {"server-round", "cids", ...}
          ``request.<cid>``    ArrayRecord  arrays for one client only (optional,
                                            e.g. Sketched-SGD's pending support)

@@ -36,9 +36,10 @@ from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate, Round, get_method
 from fedsketch.methods.method import Layout, Query, server_step
 from fedsketch.model.flat import get_flat, set_flat
-from fedsketch.server import download, runlog, schedule
+from fedsketch.server import runlog, schedule
 from fedsketch.server.books import Books
 from fedsketch.server.evaluate import evaluate
+from fedsketch.server.ledger import forget, mark_synced, record_update
 from fedsketch.server.privacy import privacy_metrics
 from strategies import billing, guard, plan, records, resume
 from strategies.limits import ReplyLimits, for_layout
@@ -249,7 +250,7 @@ class FedSketchStrategy(Strategy):
             used = [a.cid for a in rnd.answers] if self.method.client.commit == "answer" else [u.cid for u in updates]
             self.values = self.values.book(applied={**self.books.applied, **dict.fromkeys(used, server_round)})
         if self.cfg.download == "sparse":
-            ledger, _ = download.record_update(self.books.ledger, server_round, before, self.weights)
+            ledger, _ = record_update(self.books.ledger, server_round, before, self.weights)
             self.values = self.values.book(ledger=ledger)
         losses = [u.loss for u in got.contributors() if u.loss == u.loss]
         self.values = self.values.book(last_loss=float(np.mean(losses)) if losses else float("nan"))
@@ -313,8 +314,8 @@ class FedSketchStrategy(Strategy):
         """One line per round in ``rounds.jsonl``: who answered, who failed and how, whether it was applied, and when
         the round ended (before its evaluation, if it has one)."""
         if self.cfg.download == "sparse":  # an accepted reply shows the client got this round's model
-            ledger = download.forget(self.books.ledger, list(got.failures))  # a failed one may not have it
-            ledger = download.mark_synced(ledger, [u.cid for u in got.contributors()], server_round)
+            ledger = forget(self.books.ledger, list(got.failures))  # a failed one may not have it
+            ledger = mark_synced(ledger, [u.cid for u in got.contributors()], server_round)
             self.values = self.values.book(ledger=ledger)
         if self.out_dir is None or self.plan is None:
             return

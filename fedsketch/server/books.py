@@ -2,7 +2,7 @@
 
 Byte and failure counters (totals, and since the last metrics row), the rounds
 of DP noise released (the privacy budget counts them), the download ledger
-(:mod:`fedsketch.server.download`), which node keeps a stateful client's memory, which
+(:mod:`fedsketch.server.ledger`), which node keeps a stateful client's memory, which
 client a node is (deployment), and the last round each stateful client's upload
 was applied. A checkpoint saves exactly these values with the weights and the
 method's state (:mod:`fedsketch.server.checkpoint`).
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fedsketch.server.download import DownloadLedger
+from fedsketch.server.ledger import DownloadLedger
 
 COUNTERS = (
     "upload",

@@ -37,7 +37,7 @@ import torch
 
 from fedsketch.server import resumable, runlog
 from fedsketch.server.books import Books
-from fedsketch.server.download import DownloadLedger
+from fedsketch.server.ledger import DownloadLedger
 
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig

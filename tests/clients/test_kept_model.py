@@ -1,7 +1,8 @@
 """A device that keeps its model between rounds trains on the very model the server holds, or fails saying why.
 
-The server's side is the real one (:mod:`fedsketch.server.download`): its ledger of changed coordinates builds
-the catch-up, and the device's reply echoes the CRC-32 of the model it trained on.
+The server's side is the real one (:mod:`strategies.billing`): its ledger of changed coordinates
+(:mod:`fedsketch.server.ledger`) builds the catch-up, and the device's reply echoes the CRC-32 of the model
+it trained on.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 from bridge import messages
 from bridge.flower import task_identity
 from clients.client_app import train
-from clients.kept_model import KEPT, initial_weights, keep, weights_for
+from clients.kept_model import KEPT, apply_catch_up, initial_weights, keep, weights_for
 from fedsketch import wire
+from fedsketch.compress.sparse import encode_sparse
 from fedsketch.config import RunConfig
-from fedsketch.server.download import catch_up, new_ledger, record_update
+from fedsketch.server.ledger import new_ledger, record_update
+from strategies.billing import catch_up
 
 TINY = {"num-clients": 6, "clients-per-round": 2, "model-hidden": 8, "k": 10, "strategy": "fedavg"}
 SPARSE = {**TINY, "download": "sparse", "client-assignment": "node"}
@@ -141,3 +144,13 @@ def test_a_kept_model_is_float32_and_tagged_with_its_round() -> None:
     assert kept["w"].dtype == "float32" and kept["round"].dtype == "int64"
     np.testing.assert_array_equal(kept["w"].numpy(), [3.0, 2.0, 1.0, 0.0])
     np.testing.assert_array_equal(kept["round"].numpy(), [6])
+
+
+def test_apply_catch_up_returns_a_new_float32_model_from_a_float64_one() -> None:
+    payload = encode_sparse(np.array([2, 4]), np.array([1.0 / 3.0, -2.5], dtype=np.float32), 6)
+    kept = np.array([0.0, 0.1, 0.0, 7.0, 9.0, 1e-40], dtype=np.float64)  # a float64 copy of the model
+    out = apply_catch_up(kept, payload)
+    assert out.dtype == np.float32 and out is not kept
+    want = np.array([0.0, 0.1, 1.0 / 3.0, 7.0, -2.5, 1e-40], dtype=np.float32)
+    np.testing.assert_array_equal(out, want)
+    assert kept[2] == 0.0 and kept[4] == 9.0  # the kept model is not written to

@@ -62,3 +62,24 @@ def test_a_backend_config_with_a_wrong_typed_cpu_count_is_refused() -> None:
         InProcessBackend({"client_resources": {"num_cpus": "2"}, "init_args": {}})
     with pytest.raises(ValueError, match="^config 'num_cpus' must be a number; got bool True$"):
         InProcessBackend({"client_resources": {"num_cpus": True}, "init_args": {}})
+
+
+def test_every_client_key_names_its_kind_and_client_and_nothing_else_parses() -> None:
+    makers = {"update": wire.update_key, "metrics": wire.metrics_key, "failure": wire.failure_key}
+    for cid in (0, 7, 12345):
+        for kind, key_of in {**makers, "rejected": wire.rejected_key}.items():
+            assert wire.parse_cid(key_of(cid)) == (kind, cid)
+        assert wire.request_cid(wire.request_key(cid)) == cid
+        for other in (wire.state_key(cid), wire.diagnostic_key(cid), wire.request_key(cid)):
+            assert wire.parse_cid(other) is None
+        assert wire.request_cid(wire.metrics_key(cid)) is None  # "metrics." is as long as "request."
+    assert wire.request_cid(wire.request_key(wire.NEW_CLIENT)) == wire.NEW_CLIENT
+    for key in ("update.", "update.x", "update.-3", "updates.4", "request.", "request.news", "model", ""):
+        assert wire.parse_cid(key) is None and wire.request_cid(key) is None, key
+
+
+def test_a_wrong_value_is_shown_by_its_first_sixty_characters() -> None:
+    value = "x" * 100
+    with pytest.raises(ValueError) as refused:
+        config_int({"n": value}, "n")
+    assert str(refused.value) == f"config 'n' must be an int; got str {repr(value)[:60]}"

@@ -6,7 +6,7 @@ catch-up when smaller (the built payload's size), and the round's config naming 
 are charged to it. A device is charged the message it is sent, which is its catch-up when that message is
 smaller (a tie sends the model). A second exchange charges each asked client its query and config. The
 catch-up sizes are worked out without building the parts whose content cannot change them (they equal the
-built payloads' serialized sizes): a spy on :mod:`fedsketch.server.download` (calling through) sees which
+built payloads' serialized sizes): a spy on the catch-up's functions (calling through) sees which
 payloads were built (docs/mutation.md).
 """
 
@@ -28,25 +28,25 @@ from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs
 from fedsketch.config import RunConfig
 from fedsketch.methods import ClientUpdate
-from fedsketch.server import download
+from fedsketch.server import ledger as ledgers
 from fedsketch.server.books import Books, Counts
 from strategies import billing
 from strategies.plan import RoundPlan
 
 
-def _reference(ledger: download.DownloadLedger, cid: int, rnd: int, w: torch.Tensor, from_init: bool) -> int | None:
-    payload = download.catch_up(ledger, cid, rnd, w, from_init)
+def _reference(ledger: ledgers.DownloadLedger, cid: int, rnd: int, w: torch.Tensor, from_init: bool) -> int | None:
+    payload = billing.catch_up(ledger, cid, rnd, w, from_init)
     return None if payload is None else messages.wire_bytes(messages.payload_to_record(payload))
 
 
-def _ledger(d: int, rounds: int, per_round: int, seed: int) -> download.DownloadLedger:
+def _ledger(d: int, rounds: int, per_round: int, seed: int) -> ledgers.DownloadLedger:
     gen = torch.Generator().manual_seed(seed)
-    changed_at = download.new_ledger(d).changed_at
+    changed_at = ledgers.new_ledger(d).changed_at
     for rnd in range(1, rounds):
         changed_at[torch.randint(0, d, (per_round,), generator=gen)] = rnd
     # clients synced to every round, one forgotten, and (cid 99) one never seen
     synced = {cid: cid for cid in range(1, rounds + 1)}
-    return download.DownloadLedger(changed_at, {**synced, 0: download.FORGOTTEN})
+    return ledgers.DownloadLedger(changed_at, {**synced, 0: ledgers.FORGOTTEN})
 
 
 @pytest.mark.parametrize("max_chunk", [None, 64, 1000])
@@ -60,7 +60,7 @@ def test_catch_up_bytes_equal_the_built_payloads(
     rounds = 12
     ledger = _ledger(d, rounds, per_round, seed=d)
     w = torch.randn(d) if weights == "random" else torch.full((d,), 0.5)
-    counts = download.changed_since(ledger)
+    counts = billing.changed_since(ledger)
     for from_init in (False, True):
         for cid in [*range(rounds + 1), 99]:
             want = _reference(ledger, cid, rounds, w, from_init)
@@ -70,30 +70,30 @@ def test_catch_up_bytes_equal_the_built_payloads(
 
 def test_equal_value_chunks_are_counted_once_as_flower_sends_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(messages, "MAX_CHUNK", 256)
-    ledger = download.DownloadLedger(torch.full((4096,), 3, dtype=torch.int32), {1: 2})
-    counts = download.changed_since(ledger)
+    ledger = ledgers.DownloadLedger(torch.full((4096,), 3, dtype=torch.int32), {1: 2})
+    counts = billing.changed_since(ledger)
     constant = billing.catch_up_bytes(ledger, 1, 4, torch.full((4096,), 2.0), False, counts)
     varied = billing.catch_up_bytes(ledger, 1, 4, torch.arange(4096, dtype=torch.float32), False, counts)
     assert constant is not None and varied is not None and constant < varied
 
 
 def test_changed_since_counts_every_round() -> None:
-    ledger = download.DownloadLedger(torch.tensor([0, 0, 1, 1, 1, 2, 4, 4, 4, 4], dtype=torch.int32))
-    counts = download.changed_since(ledger)
+    ledger = ledgers.DownloadLedger(torch.tensor([0, 0, 1, 1, 1, 2, 4, 4, 4, 4], dtype=torch.int32))
+    counts = billing.changed_since(ledger)
     assert counts.tolist() == [10, 8, 5, 4, 4, 0]
     for since in range(6):
         assert counts[since] == int((ledger.changed_at >= since).sum())
-    ledger = download.mark_synced(ledger, [7], 9)  # synced after the last change: nothing to send
-    assert download.catch_up_count(ledger, 7, False, counts) == 0
-    assert np.array_equal(download.catch_up_values(ledger, 7, torch.randn(10), False), np.zeros(0, np.float32))
+    ledger = ledgers.mark_synced(ledger, [7], 9)  # synced after the last change: nothing to send
+    assert billing.catch_up_count(ledger, 7, False, counts) == 0
+    assert np.array_equal(billing.catch_up_values(ledger, 7, torch.randn(10), False), np.zeros(0, np.float32))
 
 
 def test_a_one_byte_mask_equal_to_the_encoding_byte_is_sent_once() -> None:
-    changed_at = download.new_ledger(8).changed_at
+    changed_at = ledgers.new_ledger(8).changed_at
     changed_at[0] = 2  # the packed mask is the byte 1, the same as enc = 1 (bitmap)
-    ledger = download.DownloadLedger(changed_at, {1: 2})
+    ledger = ledgers.DownloadLedger(changed_at, {1: 2})
     w = torch.randn(8)
-    got = billing.catch_up_bytes(ledger, 1, 3, w, False, download.changed_since(ledger))
+    got = billing.catch_up_bytes(ledger, 1, 3, w, False, billing.changed_since(ledger))
     assert got == _reference(ledger, 1, 3, w, False)
 
 
@@ -102,7 +102,7 @@ def test_a_one_byte_mask_equal_to_the_encoding_byte_is_sent_once() -> None:
 
 ROUND = 4
 D = 3000
-SYNCED = {1: 3, 2: 2, 3: 3, 4: download.FORGOTTEN, 6: 1}  # 5 never took part
+SYNCED = {1: 3, 2: 2, 3: 3, 4: ledgers.FORGOTTEN, 6: 1}  # 5 never took part
 EXTRAS = {1: {"a": np.arange(7, dtype=np.float32)}, 3: {"b": np.ones((2, 3), dtype=np.int64)}}
 
 
@@ -123,14 +123,14 @@ def books(d: int = D, sparse: bool = True, ones: int = 100) -> Books:
     changed_at[:ones] = 1
     changed_at[:40] = 2
     changed_at[:5] = 3
-    return replace(out, ledger=download.DownloadLedger(changed_at, dict(SYNCED)))
+    return replace(out, ledger=ledgers.DownloadLedger(changed_at, dict(SYNCED)))
 
 
 def ledger_books(d: int, changed: list[int] | slice, synced: dict[int, int], **fields: Any) -> Books:
     """Books of a sparse-download run whose ledger has ``changed`` coordinates changed in round 3."""
     changed_at = torch.zeros(d, dtype=torch.int32)
     changed_at[changed] = 3
-    return replace(Books.start(d, True), ledger=download.DownloadLedger(changed_at, synced), **fields)
+    return replace(Books.start(d, True), ledger=ledgers.DownloadLedger(changed_at, synced), **fields)
 
 
 def round_plan(sent: dict[int, list[int]]) -> RoundPlan:
@@ -143,7 +143,7 @@ def model(d: int = D) -> ArrayRecord:
 
 def caught_up(book: Books, cid: int, from_init: bool, d: int = D) -> ArrayRecord | None:
     """The catch-up payload ``cid`` is sent, built and serialized."""
-    payload = download.catch_up(book.ledger, cid, ROUND, weights(d), from_init)
+    payload = billing.catch_up(book.ledger, cid, ROUND, weights(d), from_init)
     return None if payload is None else messages.payload_to_record(payload)
 
 
@@ -221,27 +221,27 @@ def test_arrays_for_single_clients_are_charged_as_serialized() -> None:
 
 
 def spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Count the calls of ``download.<name>``, which still runs."""
+    """Count the calls of ``billing.<name>``, which still runs."""
     calls: list[int] = []
-    real = getattr(download, name)
+    real = getattr(billing, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(download, name, counted)
+    monkeypatch.setattr(billing, name, counted)
     return calls
 
 
-def sized(ledger: download.DownloadLedger, w: torch.Tensor) -> int | None:
+def sized(ledger: ledgers.DownloadLedger, w: torch.Tensor) -> int | None:
     """Client 1's catch-up size as billed, checked against the built payload's."""
-    got = billing.catch_up_bytes(ledger, 1, ROUND, w, False, download.changed_since(ledger))
-    payload = download.catch_up(ledger, 1, ROUND, w)
+    got = billing.catch_up_bytes(ledger, 1, ROUND, w, False, billing.changed_since(ledger))
+    payload = billing.catch_up(ledger, 1, ROUND, w)
     assert payload is not None and got == messages.wire_bytes(messages.payload_to_record(payload))
     return got
 
 
-def ledger(d: int, changed: int) -> download.DownloadLedger:
+def ledger(d: int, changed: int) -> ledgers.DownloadLedger:
     return ledger_books(d, slice(0, changed), {1: 3}).ledger
 
 
@@ -307,7 +307,7 @@ def test_a_device_holding_no_model_is_sent_and_charged_the_model(from_init: bool
         request = messages.read_request(content)
         assert charged["download"] == messages.wire_bytes(content)
         if from_init and node == 999:
-            assert request.catch_up is not None and request.base_round == download.INITIAL
+            assert request.catch_up is not None and request.base_round == ledgers.INITIAL
             idx, values = decode_sparse_pairs(request.catch_up, D)
             assert idx.tolist() == list(range(100)) and torch.equal(values, weights()[:100])  # rounds 1 to 3
             assert charged["sparse_downloads"] == 1

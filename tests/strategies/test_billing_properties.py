@@ -1,7 +1,7 @@
 """Billing sparse downloads: a catch-up is never charged above the dense model (``strategies/billing.py``).
 
 A returning client is sent the coordinates changed since it last synced
-(:mod:`fedsketch.server.download`) or the dense model, whichever is smaller. Over many
+(:func:`strategies.billing.catch_up`) or the dense model, whichever is smaller. Over many
 random change histories, where a stale client's catch-up often grows larger
 than the model itself, every client's charge is at most what a client that
 never took part pays (the dense model and the round's config), in simulation
@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 
 from bridge import messages
 from fedsketch.config import RunConfig
-from fedsketch.server import download
+from fedsketch.server import ledger as ledgers
 from fedsketch.server.books import Books, Counts
 from strategies import billing
 from strategies.plan import RoundPlan
@@ -40,8 +40,8 @@ def history(rng: np.random.Generator) -> tuple[Books, int, torch.Tensor]:
         after = weights.clone()
         changed = rng.random(d) < rng.choice([0.0, 0.01, 0.1, 0.5, 0.9, 1.0])
         after[torch.from_numpy(changed)] += 1.0
-        ledger = download.mark_synced(ledger, [c for c in range(CLIENTS) if rng.random() < 0.4], rnd)
-        ledger, _ = download.record_update(ledger, rnd, weights, after)
+        ledger = ledgers.mark_synced(ledger, [c for c in range(CLIENTS) if rng.random() < 0.4], rnd)
+        ledger, _ = ledgers.record_update(ledger, rnd, weights, after)
         weights = after
     return replace(books, ledger=ledger), rounds, weights
 
@@ -63,7 +63,7 @@ def node_charge(books: Books, cfg: RunConfig, server_round: int, w: torch.Tensor
 
 
 def catch_up_bytes(books: Books, cid: int, server_round: int, w: torch.Tensor) -> int | None:
-    payload = download.catch_up(books.ledger, cid, server_round, w)
+    payload = billing.catch_up(books.ledger, cid, server_round, w)
     return None if payload is None else messages.wire_bytes(messages.payload_to_record(payload))
 
 

@@ -119,10 +119,10 @@ MATH_FAULTS: tuple[Fault, ...] = (
     ),
     _fault(
         "catch-up-misses-a-round",
-        "fedsketch/server/download.py",
+        "strategies/billing.py",
         "idx = torch.nonzero(ledger.changed_at >= since).flatten()",
         "idx = torch.nonzero(ledger.changed_at > since).flatten()",
-        "tests/fedsketch/server/test_download.py",
+        "tests/strategies/test_billing_catch_up.py",
         "a catch-up leaves out the coordinates changed in the round the client last synced",
     ),
     _fault(

@@ -63,7 +63,7 @@ def test_the_architecture_page_names_every_file_a_fetchsgd_round_passes_through_
 @pytest.mark.slow
 def test_settings_that_add_files_to_a_round_are_seen_by_the_trace() -> None:
     files = traced("download=sparse", "client-assignment=node")["files"]
-    assert "fedsketch/server/download.py" in files and "fedsketch/compress/sparse.py" in files
+    assert "fedsketch/server/ledger.py" in files and "fedsketch/compress/sparse.py" in files
     assert set(documented()[0]) <= set(files)
 
 

@@ -7,6 +7,7 @@ and judged by the server's own checks, so a bad upload inside a merged reply is 
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,8 +20,9 @@ from flwr.serverapp import Grid
 from bridge.flower import task_identity
 from bridge.messages import payload_bytes, payload_to_record, wire_bytes
 from fedsketch.algorithms.aggregate import weighted_mean
-from fedsketch.client.uploads import merge, mergeable
+from fedsketch.client.uploads import beyond_bound, clip_payload, merge, mergeable, set_aside
 from fedsketch.config import RunConfig
+from fedsketch.methods import ClientUpdate
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
 from tests.federation import TestGrid
@@ -67,6 +69,59 @@ def test_merge_uses_the_weights_and_keeps_the_layout_dtype() -> None:
 )
 def test_payload_bytes_is_the_serialized_record(payload: dict[str, np.ndarray]) -> None:
     assert payload_bytes(payload) == wire_bytes(payload_to_record(payload))
+
+
+def test_clipping_scales_each_float_array_in_its_own_dtype_and_leaves_the_rest_as_sent() -> None:
+    payload = {
+        "half": np.array([2.0, -6.0], np.float16),
+        "single": np.array([[1.0, 3.0]], np.float32),
+        "double": np.array([0.1], np.float64),
+        "idx": np.array([3, 7], np.int32),
+        "mask": np.array([1, 5], np.uint8),
+    }
+    out = clip_payload(payload, 0.5)
+    assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in payload.items()}
+    np.testing.assert_array_equal(out["half"], np.array([1.0, -3.0], np.float16))
+    np.testing.assert_array_equal(out["single"], np.array([[0.5, 1.5]], np.float32))
+    assert out["double"][0] == np.float64(0.1) * np.float32(0.5)
+    assert out["idx"] is payload["idx"] and out["mask"] is payload["mask"]
+    assert payload["single"][0, 1] == 3.0  # the payload given is not written to
+
+
+def test_an_upload_is_beyond_the_bound_exactly_when_its_norm_exceeds_bound_times_the_median() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        norms = [float(x) for x in rng.choice([0.0, 1.0, 2.0, 3.0, 5.5, 7.0], size=int(rng.integers(1, 8)))]
+        bound = float(rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]))
+        median = statistics.median(norms)
+        assert beyond_bound(norms, bound) == [median > 0 and n > bound * median for n in norms], (norms, bound)
+
+
+def _uploads(*norms: float) -> list[ClientUpdate]:
+    return [ClientUpdate(cid, {"update": np.array([n, 0.0], np.float32)}, 1, 0.0, 0) for cid, n in enumerate(norms)]
+
+
+@pytest.mark.parametrize(
+    ("settings", "norms", "aside"),
+    [
+        ({"norm-bound": 1.5}, (1.0, 10.0), [1]),  # two uploads: median 5.5, and 10 > 8.25
+        ({"norm-bound": 1.0}, (1.0, 1.0, 5.0), [2]),  # a bound of 1 is a bound: beyond the median itself
+        ({"norm-bound": 0.0}, (1.0, 1.0, 500.0), []),  # off
+        ({"norm-bound": 1.0, "dp-noise-multiplier": 0.5, "clip-norm": 1.0}, (1.0, 1.0, 500.0), []),  # DP clips
+        ({"norm-bound": 1.0, "strategy": "sketched_sgd"}, (1.0, 1.0, 500.0), []),  # no norm the server reads
+        ({"norm-bound": 1.0}, (500.0,), []),  # one upload is its own median
+    ],
+    ids=["two", "bound-one", "off", "dp", "no-norm", "alone"],
+)
+def test_set_aside_takes_out_the_uploads_beyond_the_bound_and_only_where_it_applies(
+    settings: dict[str, Any], norms: tuple[float, ...], aside: list[int]
+) -> None:
+    cfg = RunConfig.from_mapping({"strategy": "fedavg", **settings})
+    updates = _uploads(*norms)
+    kept, why = set_aside(cfg, 2, updates, "the test's")
+    assert sorted(why) == aside and [u.cid for u in kept] == [u.cid for u in updates if u.cid not in aside]
+    for reason in why.values():
+        assert reason.startswith("upload norm ") and "x the test's median" in reason
 
 
 def _run(cfg: RunConfig, rounds: int) -> FedSketchStrategy:

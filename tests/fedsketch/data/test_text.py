@@ -12,8 +12,9 @@ from fedsketch.data import text
 from fedsketch.model.models import BAG_DIM, build_model
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def split() -> text.TextSplit:
+    """Made for each test (0.1 s): mutation testing credits what a module-scoped fixture runs to its first test."""
     return text.generate_text(0)
 
 
@@ -43,6 +44,31 @@ def test_word_frequencies_follow_zipfs_law(split: text.TextSplit) -> None:
     slope = np.polyfit(np.log(ranks), np.log(counts[:200] + 1), 1)[0]
     assert slope == pytest.approx(-text.ZIPF, abs=0.15)
     assert (counts > 0).sum() < text.VOCAB  # a long tail of words the training set never holds
+
+
+def test_word_weights_are_zipfs_law_normalized() -> None:
+    weights = text.word_weights()
+    assert weights.dtype == np.float64 and weights.shape == (text.VOCAB,) and weights.sum() == pytest.approx(1.0)
+    ranks = np.array([1, 2, 10, 1000, text.VOCAB])
+    np.testing.assert_allclose(weights[ranks - 1] / weights[0], ranks**-text.ZIPF, rtol=1e-12)
+
+
+def test_each_frequent_word_is_more_frequent_in_the_documents_of_its_one_topic(split: text.TextSplit) -> None:
+    """A topic's documents draw TOPIC_SHARE of their words from that topic's own: each of the 100 most frequent
+    words is clearly more frequent in one topic's documents than in the other nine, which are alike."""
+    words, labels = split.x_train.astype(np.int64), split.y_train
+    top = np.argsort(-np.bincount(words.ravel(), minlength=text.VOCAB))[:100]
+    per_doc = np.stack(
+        [np.bincount(words[labels == c].ravel(), minlength=text.VOCAB)[top] / (labels == c).sum() for c in range(10)]
+    )
+    ranked = np.sort(per_doc, axis=0)
+    lift = ranked[-1] / np.median(ranked[:-1], axis=0)
+    assert lift.min() > 1.3 and np.median(lift) > 4
+
+
+def test_a_document_is_drawn_word_by_word(split: text.TextSplit) -> None:
+    distinct = [np.unique(doc).size for doc in split.x_train[:2000]]
+    assert 10 < np.mean(distinct) < text.DOC_LEN
 
 
 def test_the_bag_model_reads_word_ids_and_is_seeded() -> None:

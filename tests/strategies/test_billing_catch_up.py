@@ -1,7 +1,8 @@
-"""Sparse download: returning clients get only the changed coordinates, exactly, and are charged for them.
+"""Sparse download (``strategies/billing.py``): returning clients get only the changed coordinates, exactly, and
+are charged for them.
 
-The ledger's edges (its input checks and messages, and float32 on the wire whatever the model's dtype)
-pin what the end-to-end download tests pass through without checking (docs/mutation.md, third module).
+The catch-up's edges (its messages, and float32 on the wire whatever the model's dtype) pin what the
+end-to-end download tests pass through without checking (docs/mutation.md).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
 from bridge.flower import task_identity
 from bridge.messages import payload_to_record, wire_bytes
+from clients.kept_model import apply_catch_up
 from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.fit import check_against_model
-from fedsketch.server import download
+from fedsketch.server.ledger import INITIAL, DownloadLedger, forget, mark_synced, new_ledger, record_update
+from strategies.billing import base_round, catch_up, catch_up_values
 from strategies.server_app import build_strategy
 from tests.federation import SMALL_SKETCH_RUN, TestGrid
 
@@ -31,54 +34,46 @@ SETTINGS = {**SMALL_SKETCH_RUN, "num-rounds": 8, "eval-every": 4}
 
 def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
     d, clients, gen = 5_000, 20, torch.Generator().manual_seed(0)
-    ledger = download.new_ledger(d)
+    ledger = new_ledger(d)
     weights = torch.randn(d, generator=gen)
     kept: dict[int, np.ndarray] = {}
     for rnd in range(1, 31):
         chosen = torch.randperm(clients, generator=gen)[:5].tolist()
         for cid in chosen:
-            payload = download.catch_up(ledger, cid, rnd, weights)
+            payload = catch_up(ledger, cid, rnd, weights)
             if payload is None:
                 assert cid not in kept  # only a newcomer gets the dense model
                 kept[cid] = weights.numpy().copy()
             else:
-                kept[cid] = download.apply_catch_up(kept[cid], payload)
+                kept[cid] = apply_catch_up(kept[cid], payload)
             np.testing.assert_array_equal(kept[cid], weights.numpy())
-        ledger = download.mark_synced(ledger, chosen, rnd)
+        ledger = mark_synced(ledger, chosen, rnd)
         support = torch.randperm(d, generator=gen)[: int(torch.randint(1, 200, (1,), generator=gen))]
         after = weights.clone()
         after[support] -= torch.randn(len(support), generator=gen)
-        ledger, changed = download.record_update(ledger, rnd, weights, after)
+        ledger, changed = record_update(ledger, rnd, weights, after)
         assert changed == len(support)
         weights = after
 
 
 def test_a_client_is_sent_the_coordinates_changed_since_its_sync_and_no_others() -> None:
-    ledger = download.new_ledger(10)
+    ledger = new_ledger(10)
     w0 = torch.zeros(10)
-    ledger = download.mark_synced(ledger, [7], 1)
+    ledger = mark_synced(ledger, [7], 1)
     w1 = w0.clone()
     w1[[2, 5]] = 1.0
-    ledger, _ = download.record_update(ledger, 1, w0, w1)
-    ledger = download.mark_synced(ledger, [8], 2)
+    ledger, _ = record_update(ledger, 1, w0, w1)
+    ledger = mark_synced(ledger, [8], 2)
     w2 = w1.clone()
     w2[3] = 2.0
-    ledger, _ = download.record_update(ledger, 2, w1, w2)
-    assert download.catch_up(ledger, 9, 3, w2) is None
-    got7, got8 = download.catch_up(ledger, 7, 3, w2), download.catch_up(ledger, 8, 3, w2)
+    ledger, _ = record_update(ledger, 2, w1, w2)
+    assert catch_up(ledger, 9, 3, w2) is None
+    got7, got8 = catch_up(ledger, 7, 3, w2), catch_up(ledger, 8, 3, w2)
     assert got7 is not None and got8 is not None
     idx7, val7 = decode_sparse_pairs(got7, 10)
     idx8, val8 = decode_sparse_pairs(got8, 10)
     assert idx7.tolist() == [2, 3, 5] and val7.tolist() == [1.0, 2.0, 1.0]
     assert idx8.tolist() == [3] and val8.tolist() == [2.0]
-
-
-def test_ledger_rejects_mismatched_weights() -> None:
-    ledger = download.new_ledger(4)
-    with pytest.raises(ValueError, match="ledger has d=4"):
-        download.record_update(ledger, 1, torch.zeros(5), torch.zeros(5))
-    with pytest.raises(ValueError, match="must be > 0"):
-        download.new_ledger(0)
 
 
 def _run(
@@ -201,13 +196,13 @@ def test_a_device_that_kept_its_model_is_sent_only_the_catch_up_and_trains_on_th
 def test_a_device_that_lost_its_model_fails_once_then_gets_the_whole_model() -> None:
     lost: list[int] = []
 
-    def forget(grid: TestGrid, msg: Message) -> Message:
+    def lose(grid: TestGrid, msg: Message) -> Message:
         if wire.CATCH_UP_KEY in msg.content.array_records and not lost:  # the device restarted, its state gone
             lost.append(msg.metadata.dst_node_id)
             del grid.contexts[msg.metadata.dst_node_id].state["kept-model"]
         return msg
 
-    _, rows, _ = _devices("sparse", deliver=forget)
+    _, rows, _ = _devices("sparse", deliver=lose)
     assert lost and sum(r["client_errors"] for r in rows) == 1 and sum(r["rejected"] for r in rows) == 0
 
 
@@ -228,30 +223,30 @@ def test_a_device_that_trained_on_another_model_is_rejected() -> None:
 
 
 def test_from_init_a_new_client_is_sent_what_changed_since_round_one_and_a_failed_one_the_whole_model() -> None:
-    ledger = download.new_ledger(10)
+    ledger = new_ledger(10)
     w0 = torch.zeros(10)
-    assert download.catch_up(ledger, 4, 1, w0) is None  # without from_init a newcomer needs the dense model
-    first = download.catch_up(ledger, 4, 1, w0, from_init=True)
+    assert catch_up(ledger, 4, 1, w0) is None  # without from_init a newcomer needs the dense model
+    first = catch_up(ledger, 4, 1, w0, from_init=True)
     assert first is not None and decode_sparse_pairs(first, 10)[0].tolist() == []  # round 1 sends the initial model
     w1 = w0.clone()
     w1[[1, 6]] = 3.0
-    ledger, _ = download.record_update(ledger, 1, w0, w1)
-    ledger = download.mark_synced(ledger, [5], 2)
+    ledger, _ = record_update(ledger, 1, w0, w1)
+    ledger = mark_synced(ledger, [5], 2)
     w2 = w1.clone()
     w2[8] = 4.0
-    ledger, _ = download.record_update(ledger, 2, w1, w2)
-    new = download.catch_up(ledger, 4, 3, w2, from_init=True)
+    ledger, _ = record_update(ledger, 2, w1, w2)
+    new = catch_up(ledger, 4, 3, w2, from_init=True)
     assert new is not None
     idx, val = decode_sparse_pairs(new, 10)
     assert idx.tolist() == [1, 6, 8] and val.tolist() == [3.0, 3.0, 4.0]
-    np.testing.assert_array_equal(download.apply_catch_up(w0.numpy(), new), w2.numpy())
-    returning = download.catch_up(ledger, 5, 3, w2, from_init=True)
+    np.testing.assert_array_equal(apply_catch_up(w0.numpy(), new), w2.numpy())
+    returning = catch_up(ledger, 5, 3, w2, from_init=True)
     assert returning is not None and decode_sparse_pairs(returning, 10)[0].tolist() == [8]
-    ledger = download.forget(ledger, [4, 5])
-    assert download.catch_up(ledger, 4, 3, w2, from_init=True) is None  # it may hold nothing: the dense model
-    assert download.catch_up(ledger, 5, 3, w2, from_init=True) is None
-    ledger = download.mark_synced(ledger, [5], 3)
-    assert download.base_round(ledger, 5, True) == 3
+    ledger = forget(ledger, [4, 5])
+    assert catch_up(ledger, 4, 3, w2, from_init=True) is None  # it may hold nothing: the dense model
+    assert catch_up(ledger, 5, 3, w2, from_init=True) is None
+    ledger = mark_synced(ledger, [5], 3)
+    assert base_round(ledger, 5, True) == 3
 
 
 def test_from_init_charges_a_newcomer_its_catch_up_from_the_initial_model(tmp_path: Path) -> None:
@@ -286,7 +281,7 @@ def test_from_init_a_device_with_another_initial_model_is_rejected_once_then_get
     bent: list[int] = []
 
     def bend(grid: TestGrid, msg: Message) -> Message:
-        if int(msg.content.config_records[wire.CONFIG_KEY].get(wire.BASE_ROUND, 0)) == download.INITIAL and not bent:
+        if int(msg.content.config_records[wire.CONFIG_KEY].get(wire.BASE_ROUND, 0)) == INITIAL and not bent:
             record = msg.content.array_records[wire.CATCH_UP_KEY]  # the device's build differs at one coordinate
             msg.content[wire.CATCH_UP_KEY] = ArrayRecord(
                 {
@@ -307,61 +302,32 @@ def test_from_init_needs_sparse_downloads() -> None:
         RunConfig.from_mapping({"download-from-init": True})
 
 
-# the ledger's edges: input checks and messages, float32 on the wire whatever the model's dtype --------------
+# the catch-up's edges: its messages, float32 on the wire whatever the model's dtype --------------
 
 
-def _ledger_with_two_rounds() -> tuple[download.DownloadLedger, torch.Tensor]:
+def _ledger_with_two_rounds() -> tuple[DownloadLedger, torch.Tensor]:
     """d = 6; round 1 changes coordinates 1 and 4, round 2 coordinate 2; client 3 synced in round 2."""
-    ledger = download.new_ledger(6)
+    ledger = new_ledger(6)
     w0 = torch.zeros(6, dtype=torch.float64)
     w1 = w0.clone()
     w1[[1, 4]] = torch.tensor([0.1, -2.5], dtype=torch.float64)
-    ledger, _ = download.record_update(ledger, 1, w0, w1)
+    ledger, _ = record_update(ledger, 1, w0, w1)
     w2 = w1.clone()
     w2[2] = 1.0 / 3.0
-    ledger, _ = download.record_update(ledger, 2, w1, w2)
-    ledger = download.mark_synced(ledger, [3], 2)
+    ledger, _ = record_update(ledger, 2, w1, w2)
+    ledger = mark_synced(ledger, [3], 2)
     return ledger, w2
-
-
-def test_a_one_parameter_model_has_a_ledger_and_an_empty_one_is_refused_by_name() -> None:
-    ledger = download.new_ledger(1)
-    assert ledger.changed_at.tolist() == [0] and ledger.changed_at.dtype == torch.int32
-    after, changed = download.record_update(ledger, 5, torch.zeros(1), torch.ones(1))
-    assert changed == 1 and after.changed_at.tolist() == [5]
-    assert ledger.changed_at.tolist() == [0]  # a value: the ledger it was given is as it was
-    for d in (0, -3):
-        with pytest.raises(ValueError, match=rf"^model size d must be > 0; got {d}$"):
-            download.new_ledger(d)
-
-
-@pytest.mark.parametrize(("before", "after"), [(5, 4), (4, 5), (5, 5)])
-def test_weights_of_either_wrong_shape_are_refused_and_the_ledger_is_left_as_it_was(before: int, after: int) -> None:
-    ledger = download.new_ledger(4)
-    with pytest.raises(ValueError, match=rf"^weights of shape \({before},\) and \({after},\); the ledger has d=4$"):
-        download.record_update(ledger, 1, torch.zeros(before), torch.ones(after))
-    assert ledger.changed_at.tolist() == [0, 0, 0, 0]
-
-
-def test_syncing_and_forgetting_give_new_ledgers_and_leave_the_given_one_as_it_was() -> None:
-    ledger, _ = _ledger_with_two_rounds()
-    synced = download.mark_synced(ledger, [4, 5], 3)
-    forgotten = download.forget(synced, [3, 4])
-    assert dict(ledger.synced) == {3: 2}
-    assert dict(synced.synced) == {3: 2, 4: 3, 5: 3}
-    assert dict(forgotten.synced) == {3: download.FORGOTTEN, 4: download.FORGOTTEN, 5: 3}
-    assert forgotten.changed_at is ledger.changed_at  # what no round changed is shared, not copied
 
 
 def test_a_client_that_holds_no_model_has_no_catch_up_values_and_the_error_names_it() -> None:
     ledger, weights = _ledger_with_two_rounds()
     with pytest.raises(ValueError, match=r"^client 9 holds no model: it is sent the dense one$"):
-        download.catch_up_values(ledger, 9, weights, False)
-    ledger = download.forget(ledger, [3])
+        catch_up_values(ledger, 9, weights, False)
+    ledger = forget(ledger, [3])
     with pytest.raises(ValueError, match=r"^client 3 holds no model: it is sent the dense one$"):
-        download.catch_up_values(ledger, 3, weights, True)
+        catch_up_values(ledger, 3, weights, True)
     with pytest.raises(ValueError, match=r"^client None holds no model: it is sent the dense one$"):
-        download.catch_up_values(ledger, None, weights, False)
+        catch_up_values(ledger, None, weights, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16], ids=str)
@@ -369,9 +335,9 @@ def test_catch_up_values_are_float32_whatever_the_models_dtype(dtype: torch.dtyp
     ledger, w2 = _ledger_with_two_rounds()
     weights = w2.to(dtype)
     want = weights.to(torch.float32)
-    got = download.catch_up_values(ledger, 3, weights, False)  # synced in round 2: coordinate 2
+    got = catch_up_values(ledger, 3, weights, False)  # synced in round 2: coordinate 2
     assert got.dtype == np.float32 and got.tolist() == [want[2].item()]
-    from_init = download.catch_up_values(ledger, 7, weights, True)  # never synced, holds round 1's model
+    from_init = catch_up_values(ledger, 7, weights, True)  # never synced, holds round 1's model
     assert from_init.dtype == np.float32 and from_init.tolist() == want[[1, 2, 4]].tolist()
 
 
@@ -379,21 +345,9 @@ def test_catch_up_values_are_float32_whatever_the_models_dtype(dtype: torch.dtyp
 def test_catch_up_sends_float32_values_whatever_the_models_dtype(dtype: torch.dtype) -> None:
     ledger, w2 = _ledger_with_two_rounds()
     weights = w2.to(dtype)
-    payload = download.catch_up(ledger, 7, 3, weights, from_init=True)
+    payload = catch_up(ledger, 7, 3, weights, from_init=True)
     assert payload is not None
     idx, val = decode_sparse_pairs(payload, 6)
     assert idx.tolist() == [1, 2, 4] and val.dtype == torch.float32
     assert val.tolist() == weights.to(torch.float32)[[1, 2, 4]].tolist()
-    assert np.array_equal(download.catch_up_values(ledger, 7, weights, True), val.numpy())
-
-
-def test_apply_catch_up_returns_a_new_float32_model_from_a_float64_one() -> None:
-    ledger, w2 = _ledger_with_two_rounds()
-    payload = download.catch_up(ledger, 3, 3, w2)
-    assert payload is not None
-    kept = np.array([0.0, 0.1, 0.0, 7.0, -2.5, 1e-40], dtype=np.float64)  # a float64 copy of round 2's model
-    out = download.apply_catch_up(kept, payload)
-    assert out.dtype == np.float32 and out is not kept
-    want = np.array([0.0, 0.1, 1.0 / 3.0, 7.0, -2.5, 1e-40], dtype=np.float32)
-    np.testing.assert_array_equal(out, want)
-    assert kept[2] == 0.0  # the kept model is not written to
+    assert np.array_equal(catch_up_values(ledger, 7, weights, True), val.numpy())
