@@ -87,6 +87,14 @@ NINE = (1,) * 9
             "array 'x' is Fortran-ordered",
         ),
         (
+            Array("float32", (2,), "numpy.ndarray", npy(np.zeros(2, np.float32)) + b"\x00"),
+            "array 'x' has 9 data bytes; its header says 8",
+        ),
+        (
+            Array("int64", (3,), "numpy.ndarray", npy(np.zeros(3, np.int64))[:-8]),
+            "array 'x' has 16 data bytes; its header says 24",
+        ),
+        (
             Array("float32", (2,), "numpy.ndarray", npy(np.zeros(2, np.int32))),
             "array 'x' declares float32[2] but holds int32[2]",
         ),
@@ -108,6 +116,8 @@ NINE = (1,) * 9
         "object",
         "structured",
         "fortran",
+        "data-long",
+        "data-short",
         "dtype",
         "shape",
         "nine-dims",

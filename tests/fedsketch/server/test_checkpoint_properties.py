@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fedsketch.server.ledger import DownloadLedger
 
 from fedsketch.config import RunConfig
 from fedsketch.server import checkpoint
 from fedsketch.server.books import Books
 from fedsketch.server.checkpoint import CheckpointError
+from fedsketch.server.ledger import DownloadLedger
 
 
 @dataclass(frozen=True)
