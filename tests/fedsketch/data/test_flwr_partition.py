@@ -34,6 +34,9 @@ def flower_split(partitioner: object, seed: int, n: int) -> list[list[int]]:
     ],
 )
 @pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.filterwarnings(
+    "ignore:Classes.*will NOT be used:UserWarning", "ignore::FutureWarning"
+)  # Flower's own, here
 def test_the_split_is_the_one_a_flower_app_gets_with_the_run_seed(
     partition: str, settings: dict[str, int], flower: str, seed: int
 ) -> None:
