@@ -83,6 +83,7 @@ def test_same_parameters_in_another_process() -> None:
         ({"name": "resnet9", "input_shape": (3, 4, 4)}, "H, W >= 8"),
         ({"num_classes": 0}, "num_classes"),
     ],
+    ids=["model", "norm", "cnn-shape", "resnet9-size", "classes"],  # plain ids: mutmut selects tests by id
 )
 def test_bad_arguments_say_why(kwargs: dict, match: str) -> None:
     args = {"name": "mlp", "input_shape": (60,), "num_classes": 10} | kwargs
