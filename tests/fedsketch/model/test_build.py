@@ -6,11 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from fedsketch.config import RunConfig
 from fedsketch.data import load_federated
 from fedsketch.data.run import load_data
-from fedsketch.model.build import fixed_input, model_shapes
+from fedsketch.model.build import build, fixed_input, model_shapes
+from fedsketch.model.models import build_model
 from fedsketch.task import make_model
 
 
@@ -53,3 +56,24 @@ def test_a_data_set_known_only_from_its_files_is_read_and_the_shapes_are_the_bui
     assert fixed_input(cfg) is None
     built = make_model(cfg, load_data(cfg))
     assert model_shapes(cfg) == tuple(tuple(p.shape) for p in built.parameters())
+
+
+def test_a_users_model_or_data_set_has_no_fixed_input() -> None:
+    assert (
+        fixed_input(
+            RunConfig.from_mapping({"dataset": "mnist", "model": "tests.fedsketch.model.test_models:echo_builder"})
+        )
+        is None
+    )
+    assert fixed_input(RunConfig.from_mapping({"dataset": "tests.example.mylab.data:load", "model": "mlp"})) is None
+    assert fixed_input(RunConfig.from_mapping({"dataset": "npz", "data-root": "x.npz"})) is None
+    assert fixed_input(RunConfig.from_mapping({"dataset": "cifar100", "model": "resnet9"})) == ((3, 32, 32), 100)
+
+
+def test_the_runs_model_takes_its_seed_norm_and_width_from_the_settings() -> None:
+    cfg = RunConfig.from_mapping({"model": "mlp", "seed": 3, "model-hidden": 7})
+    built = build(cfg, (60,), 10)
+    want = build_model("mlp", (60,), 10, seed=3, hidden=7)
+    assert all(torch.equal(a, b) for a, b in zip(built.parameters(), want.parameters(), strict=True))
+    cfg = RunConfig.from_mapping({"model": "resnet9", "model-norm": "layer", "dataset": "cifar10"})
+    assert {m.num_groups for m in build(cfg, (3, 8, 8), 10).modules() if isinstance(m, nn.GroupNorm)} == {1}

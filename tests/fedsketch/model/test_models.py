@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -89,3 +90,183 @@ def test_bad_arguments_say_why(kwargs: dict, match: str) -> None:
     args = {"name": "mlp", "input_shape": (60,), "num_classes": 10} | kwargs
     with pytest.raises(ValueError, match=match):
         build_model(args.pop("name"), args.pop("input_shape"), args.pop("num_classes"), **args)
+
+
+# Builders of a user's own model, by reference (``package.module:function``) -------------------------------
+def echo_builder(shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    model = nn.Linear(shape[-1], num_classes)
+    model.called = (shape, num_classes, seed, float(torch.rand(1)))  # type: ignore[assignment]
+    return model
+
+
+def raising_builder(shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    raise RuntimeError("no such layer")
+
+
+def number_builder(shape: tuple[int, ...], num_classes: int, seed: int) -> int:
+    return 3
+
+
+def empty_builder(shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    return nn.ReLU()
+
+
+def double_builder(shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    return nn.Linear(2, 2).double()
+
+
+HERE = "tests.fedsketch.model.test_models"
+
+
+def test_a_users_builder_is_called_with_plain_values_in_a_forked_rng_of_the_seed() -> None:
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    model = build_model(f"{HERE}:echo_builder", [1, 2, np.int64(3)], 4, seed=7)  # type: ignore[arg-type]
+    assert torch.equal(torch.rand(1), before)  # the global RNG is as it was
+    shape, classes, seed, drawn = model.called  # type: ignore[misc]
+    assert (shape, classes, seed) == ((1, 2, 3), 4, 7) and all(type(s) is int for s in shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        nn.Linear(3, 4)  # what the builder draws first
+        assert drawn == float(torch.rand(1))
+    assert build_model(f"{HERE}:echo_builder", (3,), 2).called[2] == 0  # type: ignore[index]  # the default seed
+
+
+@pytest.mark.parametrize(
+    ("builder", "error", "message"),
+    [
+        ("raising_builder", ValueError, f"setting 'model': {HERE}:raising_builder raised RuntimeError: no such layer"),
+        ("number_builder", TypeError, f"setting 'model': {HERE}:number_builder returned a int, not a torch.nn.Module"),
+        (
+            "empty_builder",
+            ValueError,
+            f"setting 'model': the module {HERE}:empty_builder returned has no parameters to train",
+        ),
+        (
+            "double_builder",
+            ValueError,
+            f"setting 'model': parameter 'weight' of {HERE}:double_builder is torch.float64; parameters must be float32",
+        ),
+    ],
+)
+def test_a_users_builder_that_fails_is_named_in_one_line(builder: str, error: type, message: str) -> None:
+    with pytest.raises(error) as refused:
+        build_model(f"{HERE}:{builder}", (1, 2), 3, seed=5)
+    assert str(refused.value).startswith(message)
+    if builder == "raising_builder":
+        assert str(refused.value).endswith("called with input_shape (1, 2), num_classes 3, seed 5")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("vgg", (3,), 2), {}, f"unknown model 'vgg'; choose one of {', '.join(MODELS)} or 'package.module:function'"),
+        (("mlp", (3,), 2), {"norm": "instance"}, f"unknown norm 'instance'; choose one of {', '.join(NORMS)}"),
+        (("mlp", (0, 3), 2), {}, "input_shape must be a non-empty tuple of positive sizes; got (0, 3)"),
+        (("mlp", (), 2), {}, "input_shape must be a non-empty tuple of positive sizes; got ()"),
+        (("mlp", (3,), 0), {}, "num_classes and hidden must be >= 1; got 0, 512"),
+        (("mlp", (3,), 2), {"hidden": 0}, "num_classes and hidden must be >= 1; got 2, 0"),
+        (
+            ("bag", (1, 28, 28), 10),
+            {},
+            "model 'bag' reads documents of word ids, shape (words,); got input shape (1, 28, 28)",
+        ),
+        (("cnn", (1, 3, 4), 10), {}, "model 'cnn' needs images (C, H, W) with H, W >= 4; got (1, 3, 4)"),
+        (("resnet18", (3, 8, 7), 10), {}, "model 'resnet18' needs images (C, H, W) with H, W >= 8; got (3, 8, 7)"),
+        (("resnet9", (3, 7, 8), 10), {}, "model 'resnet9' needs images (C, H, W) with H, W >= 8; got (3, 7, 8)"),
+    ],
+    ids=["model", "norm", "zero-side", "no-shape", "classes", "hidden", "bag", "cnn", "resnet18", "resnet9"],
+)
+def test_each_impossible_model_is_refused_in_one_line(args: tuple, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        build_model(*args, **kwargs)
+    assert str(refused.value) == message
+
+
+def test_the_smallest_models_and_images_each_model_takes_are_built() -> None:
+    assert _count(build_model("mlp", (3,), 1, hidden=1)) == 3 + 1 + 1 + 1 + 1 + 1
+    assert build_model("cnn", (1, 4, 4), 2, hidden=3)(torch.zeros(1, 1, 4, 4)).shape == (1, 2)
+    for name in ("resnet9", "resnet18"):
+        assert build_model(name, (3, 8, 8), 2, norm="none")(torch.zeros(1, 3, 8, 8)).shape == (1, 2)
+
+
+def _kinds(model: nn.Module) -> list[str]:
+    return [type(m).__name__ for m in model.children()]
+
+
+def test_the_mlp_and_the_cnn_are_their_papers_layers() -> None:
+    assert _kinds(build_model("mlp", (60,), 10)) == ["Flatten", "Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    cnn = build_model("cnn", (1, 28, 28), 10)
+    assert _kinds(cnn) == [
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Flatten",
+        "Linear",
+        "ReLU",
+        "Linear",
+    ]
+    assert [(m.kernel_size, m.padding) for m in cnn if isinstance(m, nn.Conv2d)] == [((5, 5), (2, 2))] * 2
+
+
+def _sides(model: nn.Module, names: list[str], x: torch.Tensor) -> list[tuple[int, ...]]:
+    """The output shape of each named submodule on input ``x``."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for name in names:
+        model.get_submodule(name).register_forward_hook(
+            lambda m, i, o, name=name: seen.__setitem__(name, tuple(o.shape))
+        )
+    model(x)
+    return [seen[name] for name in names]
+
+
+def test_resnet9_halves_the_map_in_each_of_its_three_layers_and_scales_its_output() -> None:
+    model = build_model("resnet9", (3, 32, 32), 10, norm="none")
+    x = torch.randn(2, 3, 32, 32)
+    assert _sides(model, ["prep", "layer1", "layer2", "layer3"], x) == [
+        (2, 64, 32, 32),
+        (2, 128, 16, 16),
+        (2, 256, 8, 8),
+        (2, 512, 4, 4),
+    ]
+    features = {}
+    model.linear.register_forward_hook(lambda m, i, o: features.__setitem__("out", o))
+    assert torch.equal(model(x), features["out"] * 0.125)
+    block = model.layer1[1]
+    y = torch.randn(1, 128, 4, 4)
+    assert torch.equal(block(y), y + torch.relu(block.res2(block.res1(y))))
+
+
+def test_resnet18_keeps_a_32x32_map_through_its_stem() -> None:
+    model = build_model("resnet18", (3, 32, 32), 10, norm="none", seed=1)
+    assert _sides(model, ["conv1", "layer1", "layer4"], torch.randn(1, 3, 32, 32)) == [
+        (1, 64, 32, 32),
+        (1, 64, 32, 32),
+        (1, 512, 4, 4),
+    ]
+    std = float(model.conv1.weight.detach().std())  # Kaiming normal by fan-out (64 x 3 x 3): sqrt(2 / 576) = 0.059
+    assert abs(std - (2 / 576) ** 0.5) < 0.006
+
+
+@pytest.mark.parametrize(("norm", "groups"), [("group", [32, 32, 32, 32]), ("layer", [1, 1, 1, 1])])
+def test_group_and_layer_norm_take_their_groups(norm: str, groups: list[int]) -> None:
+    model = build_model("resnet9", (3, 8, 8), 10, norm=norm)
+    found = [m.num_groups for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert found[:4] == groups and len(found) == 8
+    from fedsketch.model.models import _norm_factory
+
+    assert _norm_factory("group")(48).num_groups == 16  # gcd(32, 48)
+
+
+def test_the_bag_model_starts_with_small_embeddings_of_both_signs() -> None:
+    weights = build_model("bag", (20,), 10).embedding.weight
+    assert float(weights.abs().max()) <= 0.1 and float(weights.min()) < -0.09 and float(weights.max()) > 0.09
+
+
+def test_a_builder_that_cannot_be_found_is_named_as_the_model_setting() -> None:
+    with pytest.raises(ValueError, match=rf"^setting 'model': module '{HERE}' \(.*\) has no 'nothing'$"):
+        build_model(f"{HERE}:nothing", (3,), 2)
