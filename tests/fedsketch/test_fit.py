@@ -57,7 +57,7 @@ def test_the_state_on_disk_is_held_to_the_free_space_of_the_out_dirs_file_system
     cfg = RunConfig.from_mapping({**TOPK, "client-state": "disk", "max-client-state-mb": 1, "out-dir": str(out)})
     check_against_model(cfg, 8_193)  # above the memory limit: on disk it does not apply
     free = shutil.disk_usage(tmp_path).free
-    d = free // (2 * 4 * 16) + 1
+    d = (free + 2**30) // (2 * 4 * 16) + 1  # 1 GiB beyond what is free: other tests' files come and go meanwhile
     with pytest.raises(ConfigError) as caught:
         check_against_model(RunConfig.from_mapping({**TOPK, "k": 10, "client-state": "disk", "out-dir": str(out)}), d)
     what = re.escape(describe_client_state(cfg, d))
@@ -66,4 +66,4 @@ def test_the_state_on_disk_is_held_to_the_free_space_of_the_out_dirs_file_system
         str(caught.value),
     )
     assert said is not None
-    assert abs(float(said.group(1).replace(",", "")) - free / 2**30) < 0.05  # as free as it was a moment ago
+    assert abs(float(said.group(1).replace(",", "")) - free / 2**30) < 0.5  # as free as it was a moment ago
