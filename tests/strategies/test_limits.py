@@ -26,9 +26,11 @@ from strategies.replies import check_values
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def npy_bytes(arr: np.ndarray, header_len: int | None = None) -> bytes:
-    """``arr`` as a version 1.0 ``.npy`` file; ``header_len`` pads its header to that length (odd ones misalign)."""
-    header = repr({"descr": arr.dtype.str, "fortran_order": False, "shape": arr.shape}).encode("latin1")
+def npy_bytes(arr: np.ndarray, header_len: int | None = None, fortran: bool = False) -> bytes:
+    """``arr`` as a version 1.0 ``.npy`` file, whatever numpy itself would write: ``header_len`` pads its header to
+    that length (odd ones misalign), ``fortran`` says its data is Fortran-ordered."""
+    descr = np.lib.format.dtype_to_descr(arr.dtype)
+    header = repr({"descr": descr, "fortran_order": fortran, "shape": arr.shape}).encode("latin1")
     size = header_len if header_len is not None else 128 - 10
     header = header + b" " * (size - len(header) - 1) + b"\n"
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + arr.tobytes()
@@ -41,13 +43,8 @@ def npy(arr: np.ndarray, version: tuple[int, int] = (1, 0)) -> bytes:
     return buf.getvalue()
 
 
-def raw(descr: str, shape: tuple[int, ...], body: bytes, fortran: bool = False) -> bytes:
-    """A version 1.0 ``.npy`` file of any header, whatever numpy would write."""
-    header = repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode("latin1") + b"\n"
-    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + body
-
-
-LONG = "[('aaaaaaaaaa', '<f4'), ('bbbbbbbbbb', '<f4')]"  # a structured dtype's name, 46 characters
+STRUCTURED = np.dtype([("aaaaaaaaaa", "<f4"), ("bbbbbbbbbb", "<f4")])
+LONG = str(STRUCTURED)  # a structured dtype's name, 46 characters
 NINE = (1,) * 9
 
 
@@ -71,19 +68,19 @@ NINE = (1,) * 9
             "array 'x' has dtype complex64; expected a native bool, int or float",
         ),
         (
-            Array(">f4", (2,), "numpy.ndarray", raw(">f4", (2,), bytes(8))),
+            Array(">f4", (2,), "numpy.ndarray", npy_bytes(np.zeros(2, ">f4"))),
             "array 'x' has dtype >f4; expected a native bool, int or float",
         ),
         (
-            Array("object", (1,), "numpy.ndarray", raw("|O", (1,), bytes(8))),
+            Array("object", (1,), "numpy.ndarray", npy_bytes(np.zeros(1, object))),
             "array 'x' has dtype object; expected a native bool, int or float",
         ),
         (
-            Array(LONG, (1,), "numpy.ndarray", raw(eval(LONG), (1,), bytes(8))),
+            Array(LONG, (1,), "numpy.ndarray", npy_bytes(np.zeros(1, STRUCTURED))),
             f"array 'x' has dtype {LONG[:40]}; expected a native bool, int or float",
         ),
         (
-            Array("float32", (2,), "numpy.ndarray", raw("<f4", (2,), bytes(8), fortran=True)),
+            Array("float32", (2,), "numpy.ndarray", npy_bytes(np.zeros(2, np.float32), fortran=True)),
             "array 'x' is Fortran-ordered",
         ),
         (
