@@ -70,6 +70,8 @@ NON_NEGATIVE = (
     "dp_noise_multiplier",
     "checkpoint_every",
     "num_classes",
+    "synthetic_alpha",
+    "synthetic_beta",
 )
 
 
@@ -118,10 +120,10 @@ def _choices(cfg: Fields) -> None:
 
 def _ranges(cfg: Fields) -> None:
     for name in POSITIVE:
-        if getattr(cfg, name) <= 0:
+        if not getattr(cfg, name) > 0:  # NaN is refused too
             raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
     for name in NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
+        if not getattr(cfg, name) >= 0:
             raise ConfigError(f"setting '{_key(name)}' must be >= 0; got {getattr(cfg, name)}")
     for name in ("lr", "client_lr", "partition_alpha", "round_timeout", "reply_poll_s"):
         if not getattr(cfg, name) > 0:

@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from fedsketch.server import runlog
 
@@ -65,20 +66,26 @@ def plot_fidelity(run_dir: Path, out_dir: Path | None = None) -> FidelityPlot:
     rounds, series = fidelity_series(run_dir)
     out_dir = out_dir or run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
+    fig = draw(f"{run_dir.parent.name}/{run_dir.name}", rounds, series)
+    path = out_dir / FIGURE
+    fig.savefig(path, dpi=120, metadata={"Title": fig.get_suptitle()})  # what an image viewer names it
+    plt.close(fig)
+    return FidelityPlot(path, rounds, series)
+
+
+def draw(name: str, rounds: np.ndarray, series: dict[str, np.ndarray]) -> Figure:
+    """The figure of run ``name``: one panel a column of :data:`PANELS`, against rounds (the caller closes it)."""
     fig, axes = plt.subplots(1, len(PANELS), figsize=(13.5, 3.8))
-    for ax, (name, label) in zip(axes, PANELS, strict=True):
-        ax.plot(rounds, series[name], marker=".")
+    for ax, (column, label) in zip(axes, PANELS, strict=True):
+        ax.plot(rounds, series[column], marker=".")
         ax.set_xlabel("round")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylim(0.0, 1.02)
     axes[1].set_ylim(bottom=0.0)
-    fig.suptitle(f"{run_dir.parent.name}/{run_dir.name}: sketch fidelity (means since the previous row)")
+    fig.suptitle(f"{name}: sketch fidelity (means since the previous row)")
     fig.tight_layout()
-    path = out_dir / FIGURE
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return FidelityPlot(path, rounds, series)
+    return fig
 
 
 def _number(value: object) -> float:

@@ -290,12 +290,6 @@ class LocalFederation:
         ca = self.certs.ca_cert if self.certs is not None else None
         wait_healthy_tls(self.address, ca, link, self.log("superlink"), timeout=60.0)
 
-    def kill_superlink(self) -> None:
-        """SIGKILL the SuperLink, as a server that loses power would stop (what it started dies with it)."""
-        proc = self.procs.pop("superlink")
-        signal_group(proc, signal.SIGKILL)
-        proc.wait()
-
     def _start(self) -> None:
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)

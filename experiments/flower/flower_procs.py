@@ -101,22 +101,6 @@ def stop_group(proc: Child, grace_s: float = 5.0) -> None:
             continue
 
 
-def stop_pid_group(pid: int, grace_s: float = 5.0) -> None:
-    """The same for a process group we did not start (e.g. a detached SuperLink)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-
-
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float, log_file: Path) -> None:
     """Wait for the SuperLink's HTTP health endpoint.
 

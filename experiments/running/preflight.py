@@ -138,7 +138,7 @@ def check_one(cfg: RunConfig, hand_over: bool = False) -> Checked:
         value = getattr(cfg, name)
         if entry.is_reference(value):
             _refused(entry.export_code_root, name, name, value)
-    spec = _refused(data_spec, "data", cfg)
+    spec = data_spec(cfg)  # a checked RunConfig makes a valid DataSpec (fedsketch/validate.py)
     if hand_over and handoff.handed(spec) and not handoff.holds(spec):
         _refused(_load_now, "data", spec)
     data = _refused(load_federated, "data", spec)

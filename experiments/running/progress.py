@@ -77,7 +77,7 @@ class LineProgress:
     def add_task(self, description: str, total: int, status: str = "") -> TaskID:
         """A new run: one line saying it starts."""
         now = self.clock()
-        self.tasks.append(_Task(description, total, now, shown_at=now))
+        self.tasks.append(_Task(description, total, now))
         self._print(f"{description}: {status}")
         return TaskID(len(self.tasks) - 1)
 

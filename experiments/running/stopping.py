@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -183,7 +182,7 @@ class Invocation:
 
     # ------------------------------------------------------------ signals
     def _install(self) -> None:
-        if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         # Installed even where the signal was ignored at start (a script's ``cmd &`` ignores SIGINT),
         # so that ``kill -INT`` stops the command; a hangup is left ignored under ``nohup``.
@@ -194,7 +193,7 @@ class Invocation:
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.stopped_by is not None:
-            self._force()
+            os._exit(self._force())
         self.stopped_by = Interrupted(signum)
         _say(f"fedsketch: {self.stopped_by.cause}: stopping every process this command started (again to force)")
         stop_token(self.token, self.grace_s, also=self.also)
@@ -204,15 +203,15 @@ class Invocation:
         self.skip_requested = True
         _say(f"fedsketch: {SKIP_SIGNAL.name}: skipping the current run")
 
-    def _force(self) -> None:
-        """SIGKILL every process at once, mark the current run, and exit now."""
+    def _force(self) -> int:
+        """SIGKILL every process at once and mark the current run; the code to exit with, at once."""
         assert self.stopped_by is not None
         stop_token(self.token, grace_s=0.0, first=signal.SIGKILL, also=self.also)
         if self.run is not None:
             record(*self.run, self.stopped_by)
         self.entry.unlink(missing_ok=True)
         _say("fedsketch: forced: every process it started was killed")
-        os._exit(self.stopped_by.exit_code)
+        return self.stopped_by.exit_code
 
     def _save(self) -> None:
         run = None if self.run is None else [str(self.run[0]), self.run[1]]
@@ -237,7 +236,7 @@ def reap(records: Path, grace_s: float = GRACE_S) -> list[str]:
     had finished), as if it had been stopped by a signal it could catch.
     """
     lines = []
-    for file in sorted(records.glob("*.json")) if records.is_dir() else []:
+    for file in sorted(records.glob("*.json")):  # none where no command has recorded one
         try:
             entry = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # half-written by a command killed at that moment

@@ -46,8 +46,6 @@ FILE = runlog.CHECKPOINT
 LOGS = ("metrics.jsonl", "rounds.jsonl")
 MAGIC = b"fedsketch-checkpoint\n"
 VERSION = 2  # 2: the books are one dataclass (fedsketch.server.books)
-RUNTIME_KEYS = resumable.RUNTIME_KEYS
-"""Settings a resume may change (:mod:`fedsketch.server.resumable`)."""
 
 
 class CheckpointError(RuntimeError):
@@ -69,7 +67,7 @@ class Checkpoint:
 
 
 def fingerprint(cfg: RunConfig) -> dict[str, Any]:
-    """The settings a checkpoint must agree with to be resumed (all but :data:`RUNTIME_KEYS`)."""
+    """The settings a checkpoint must agree with to be resumed (all but :data:`fedsketch.server.resumable.RUNTIME_KEYS`)."""
     return resumable.fingerprint(cfg.to_mapping())
 
 

@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fedsketch.settings.declared import choices
-
 if TYPE_CHECKING:
     from fedsketch.config import RunConfig
     from fedsketch.server.books import Books
@@ -41,8 +39,6 @@ SERVER_DONE_LOG = "fedsketch: the ServerApp has finished"
 POINT_SEP = "/"
 """Separates an experiment's name from a sweep point's in ``RunConfig.experiment``."""
 
-TRACKING = choices("tracking")
-"""The values of the setting ``tracking``: where a run's rows are also written (:mod:`experiments.analysis.tracking`)."""
 OUTPUT_ONLY = ("tracking",)
 """Settings that only add places a run's rows are also written, never change what it computes: a finished run is
 not redone, nor a checkpoint refused, when they change."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.flower import procs
-from experiments.flower.flower_procs import free_port, stop_pid_group
+from experiments.flower.flower_procs import free_port
 from fedsketch.server import runlog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +105,22 @@ def test_flwr_run_from_the_project_folder_leaves_no_process(tmp_path: Path, no_l
     assert [r["round"] for r in rows] == [1, 2, 3]
 
 
+def _stop_group(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, a process group this test did not start (the SuperLink `flwr run` detached)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
 def _stop_local_superlink(port: int, flwr_home: Path) -> None:
     """The detached SuperLink `flwr run` started for this test, and everything it started."""
     found = subprocess.run(
@@ -112,5 +130,5 @@ def _stop_local_superlink(port: int, flwr_home: Path) -> None:
         text=True,
     )
     for pid in found.stdout.split():
-        stop_pid_group(int(pid))
+        _stop_group(int(pid))
     procs.stop_carrying("FLWR_HOME", str(flwr_home), 5.0)

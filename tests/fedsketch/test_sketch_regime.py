@@ -52,6 +52,15 @@ def test_a_sketch_far_narrower_than_the_map_measured_is_warned_of_in_numbers() -
     assert sketch_regime.shape_warnings(sketched, 999_985, "x") == []  # the map measured FetchSGD
 
 
+def test_a_fetchsgd_sketch_under_ten_columns_per_k_gets_the_maps_note() -> None:
+    note = sketch_regime.cols_note(_cfg(sketch_cols=250, k=100), "run a")
+    assert note is not None and note.startswith("run a: cols/k = 2.5 is below the 10 columns per k at which the")
+    assert sketch_regime.cols_note(_cfg(sketch_cols=999, k=100), "x") is not None
+    assert sketch_regime.cols_note(_cfg(sketch_cols=1000, k=100), "x") is None  # ten per k: where the map found it
+    for strategy in ("sketched_sgd", "true_topk"):  # the map measured FetchSGD
+        assert sketch_regime.cols_note(_cfg(strategy=strategy, sketch_cols=250, k=100), "x") is None
+
+
 def test_the_command_prints_the_warning_before_it_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sets = ["--set", "sketch-rows=1", "--set", "sketch-cols=3000", "--set", "k=3000", "--set", "num-rounds=2"]
     assert main(["plan", *sets, "--strategies", "fetchsgd", "--out", str(tmp_path)]) == 0

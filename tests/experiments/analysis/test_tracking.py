@@ -4,8 +4,14 @@ with TensorBoard's own reader and MLflow's own client, never by looking at what 
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import logging
+import re
 import shutil
+import time
+from contextlib import redirect_stdout
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from experiments.analysis import tracking
 from experiments.cli import main as fedsketch_main
-from experiments.running import runner
+from experiments.running import runner, stopping
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog
 
@@ -228,3 +234,160 @@ def test_a_two_round_run_writes_what_metrics_jsonl_holds(tmp_path: Path, no_left
     client = mlflow_client(tracking.mlflow_uri(tmp_path))
     for tag, points in want.items():
         assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)] == points, tag
+
+
+def test_a_skipped_run_is_tracked_as_killed_and_the_next_run_goes_on(out: Path) -> None:
+    def skips_fetchsgd(cfg: RunConfig, path: Path) -> int:
+        runlog.write_config(cfg, path)
+        runlog.append_metrics(path, _row(1, cfg.strategy))
+        if cfg.strategy == "fetchsgd":
+            raise stopping.Skipped(stopping.SKIP_SIGNAL.name)
+        runlog.append_metrics(path, _row(2, cfg.strategy))
+        return 0
+
+    outcomes = [o for _, o in runner.run_all(_experiment(out, "mlflow", ["fetchsgd", "fedavg"]).runs, skips_fetchsgd)]
+    assert outcomes == ["skipped (SIGUSR1) after round 1 of 2", "finished"]
+    status = {r.info.run_name: r.info.status for r in mlflow_runs(out, "default")}
+    assert status == {"fetchsgd seed 0": "KILLED", "fedavg seed 0": "FINISHED"}
+
+
+@dataclass(frozen=True)
+class ManySettings:
+    """A run spec (runlog.RunSpec) with more settings than one MLflow batch takes (100)."""
+
+    out_dir: str
+    experiment: str = "default"
+    strategy: str = "fetchsgd"
+    seed: int = 3
+    num_rounds: int = 130
+    checkpoint_every: int = 0
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {"tracking": "both", **{f"setting-{i:03d}": i for i in range(150)}}
+
+
+def _raw_events(folder: Path) -> list[Any]:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (path,) = folder.glob("events.out.tfevents.*")
+    return list(EventFileLoader(str(path)).Load())
+
+
+def test_a_long_run_reaches_both_stores_whole_with_its_times_tags_and_settings(
+    out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = ManySettings(str(out))
+    folder = runlog.run_dir(spec)
+    folder.mkdir(parents=True)
+    rows = [_row(rnd, "fetchsgd") for rnd in range(1, 131)]  # 8 values a row: 1,040, two MLflow batches
+    for row in rows:
+        runlog.append_metrics(folder, row)
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    tracking.record(spec, "fetchsgd seed 3", "finished")
+    (run,) = mlflow_runs(out, "default")
+    board = tracking.tensorboard_dir(spec)
+    assert (
+        capsys.readouterr().out
+        == f"tracking: fetchsgd seed 3 -> {board}, {tracking.mlflow_uri(out)} (run {run.info.run_id})\n"
+    )
+    assert [logging.getLogger(name).level for name in ("mlflow", "alembic")] == [logging.WARNING] * 2
+    start = rows[0]["unix_time"] - rows[0]["wall_s"]
+    assert (run.info.start_time, run.info.end_time) == (int(start * 1000), int(rows[-1]["unix_time"] * 1000))
+    assert run.info.status == "FINISHED" and run.data.params == {f"setting-{i:03d}": str(i) for i in range(150)}
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("fedsketch.")} == {
+        "fedsketch.run_dir": str(folder.resolve()),
+        "fedsketch.strategy": "fetchsgd",
+        "fedsketch.seed": "3",
+    }
+    client = mlflow_client(tracking.mlflow_uri(out))
+    assert client.get_experiment_by_name("default").artifact_location == (out.resolve() / "mlartifacts").as_uri()
+    for tag, points in expected(rows).items():
+        assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, tag)] == points, tag
+    events = _raw_events(board)
+    hparams_event = next(e for e in events if e.summary.value and e.summary.value[0].tag.startswith("_hparams_"))
+    assert (hparams_event.step, hparams_event.wall_time) == (0, start)
+    scalars = [
+        (v.tag, e.step, e.wall_time) for e in events for v in e.summary.value if not v.tag.startswith("_hparams_")
+    ]
+    assert scalars == [(tag, step, time) for tag, step, _, time in tracking.series(rows)]
+    assert hparams(board)["setting-149"] == 149.0
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = hparams_event.summary.value[0].metadata.plugin_data.content
+    assert plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.start_time_secs == start
+
+
+def test_a_run_already_written_is_left_as_it_is_and_a_run_redone_is_written_anew(
+    out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = _experiment(out, "both")
+    runner.run_all(exp.runs, _runs_written_by_hand)
+    board = tracking.tensorboard_dir(exp.runs[0])
+    (first,) = board.glob("events.out.tfevents.*")
+    capsys.readouterr()
+    tracking.record(exp.runs[0], "fetchsgd seed 0", "already finished")
+    assert capsys.readouterr().out == "" and list(board.glob("events.out.tfevents.*")) == [first]
+    path = runlog.run_dir(exp.runs[0])
+    (path / "metrics.jsonl").write_text(
+        "".join(json.dumps({**_row(r, "fetchsgd"), "clients": 9}) + "\n" for r in (1, 2))
+    )
+    tracking.record(exp.runs[0], "fetchsgd seed 0", "finished")
+    assert [v for _, v in event_scalars(board)["clients"]] == [9.0, 9.0]
+
+
+def test_a_store_that_cannot_be_written_is_said_in_one_line_and_the_other_is_still_written(out: Path) -> None:
+    exp = _experiment(out, "both")
+    runlog.write_config(exp.runs[0], runner.prepare(exp.runs[0]))
+    runlog.append_metrics(runlog.run_dir(exp.runs[0]), _row(1, "fetchsgd"))
+    (out / "tensorboard").write_text("a file where the folder would go", encoding="utf-8")
+    raw = io.BytesIO()
+    with redirect_stdout(io.TextIOWrapper(raw, encoding="utf-8")):  # held until flushed, as in a pipe
+        tracking.record(exp.runs[0], "fetchsgd seed 0", "finished")
+        said = raw.getvalue().decode().splitlines()
+    assert re.fullmatch(
+        r"tracking: tensorboard not written for fetchsgd seed 0: (FileExistsError|NotADirectoryError): .*", said[0]
+    ), said
+    assert said[1].startswith(f"tracking: fetchsgd seed 0 -> {tracking.mlflow_uri(out)} (run ") and len(said) == 2
+    only = RunConfig.from_mapping({"tracking": "tensorboard"}, base=exp.runs[0])
+    raw = io.BytesIO()
+    with redirect_stdout(io.TextIOWrapper(raw, encoding="utf-8")):
+        tracking.record(only, "fetchsgd seed 0", "finished")
+        assert raw.getvalue().decode().startswith("tracking: tensorboard not written for fetchsgd seed 0: ")
+
+
+def test_where_each_run_goes_and_what_is_logged_of_a_row(tmp_path: Path) -> None:
+    point = RunConfig.from_mapping({"out-dir": str(tmp_path), "experiment": "default/k20-cols300", "seed": 2})
+    assert (
+        tracking.tensorboard_dir(point) == tmp_path / "tensorboard" / "default" / "fetchsgd" / "k20-cols300" / "seed2"
+    )
+    plain = RunConfig.from_mapping({"out-dir": str(tmp_path)})
+    assert tracking.tensorboard_dir(plain) == tmp_path / "tensorboard" / "default" / "fetchsgd" / "seed0"
+    assert tracking.sinks(replace(ManySettings(str(tmp_path)))) == ("tensorboard", "mlflow")
+    untracked = type("Old", (), {"to_mapping": lambda self: {"lr": 0.1}})()  # a run config older than the setting
+    assert tracking.sinks(untracked) == ()
+    tracking.record(plain, "fetchsgd seed 0", "finished")  # tracking none: its folder is not even read
+    row = {"round": 3, "test_accuracy": 0.5, "cum_upload_bytes": 10, "cum_download_bytes": 5, "ok": True}
+    assert tracking.series([row]) == [
+        ("cum_download_bytes", 3, 5.0, 0.0),
+        ("cum_total_bytes", 3, 15.0, 0.0),
+        ("cum_upload_bytes", 3, 10.0, 0.0),
+        ("test_accuracy", 3, 0.5, 0.0),
+        ("test_accuracy_by_upload_bytes", 10, 0.5, 0.0),
+        ("test_accuracy_by_total_bytes", 15, 0.5, 0.0),
+    ]
+
+
+def test_rows_without_times_start_both_stores_at_zero(out: Path) -> None:
+    """A metrics file from before rows carried their time (``unix_time``, ``wall_s``)."""
+    exp = _experiment(out, "both")
+    runlog.write_config(exp.runs[0], runner.prepare(exp.runs[0]))
+    for rnd in (1, 2):
+        row = {k: v for k, v in _row(rnd, "fetchsgd").items() if k not in ("unix_time", "wall_s")}
+        runlog.append_metrics(runlog.run_dir(exp.runs[0]), row)
+    before = int(time.time() * 1000)
+    tracking.record(exp.runs[0], "fetchsgd seed 0", "finished")
+    events = _raw_events(tracking.tensorboard_dir(exp.runs[0]))
+    assert {e.wall_time for e in events if e.summary.value} == {0.0}
+    (run,) = mlflow_runs(out, "default")
+    assert run.info.start_time >= before and run.info.end_time >= before  # MLflow takes a time of 0 as now

@@ -22,6 +22,7 @@ from experiments.cli import main
 
 BUILDERS = """
 import numpy as np
+import torch
 from torch import nn
 
 def good(input_shape, num_classes, seed):
@@ -41,6 +42,28 @@ def indexes(input_shape, num_classes, seed):
 
 def normed(input_shape, num_classes, seed):
     return nn.Sequential(nn.Flatten(), nn.BatchNorm1d(int(np.prod(input_shape))), good(input_shape, num_classes, seed))
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(1))
+
+    def forward(self, x):
+        return x * self.scale
+
+def four(input_shape, num_classes, seed):
+    return nn.Sequential(normed(input_shape, num_classes, seed), Scaled())
+
+class Both(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x), self.model(x)
+
+def pair(input_shape, num_classes, seed):
+    return Both(good(input_shape, num_classes, seed))
 
 def empty():
     return {"x_train": np.zeros((0, 1, 4, 4), np.float32), "y_train": np.zeros(0, np.int64),
@@ -101,7 +124,7 @@ def _color(arrays: Arrays) -> None:
 
 CASES = {
     "nan in x_train": (_set("x_train", (17, 0, 2, 1), np.nan), {},
-                       r"x_train of npz:.*data\.npz: sample 17 holds NaN \(1 of 200 samples"),
+                       r"^fedsketch: error: data: x_train of npz:.*data\.npz: sample 17 holds NaN \(1 of 200 samples"),
     "inf in x_test": (_set("x_test", (3, 0, 0, 0), np.inf), {},
                       r"x_test of npz:.*data\.npz: sample 3 holds an infinite value"),
     "label 10 of 10 classes": (_set("y_train", (42,), 10), {"num-classes": 10},
@@ -135,7 +158,19 @@ CASES = {
                                      r"columns a row cannot hold 150 coordinates apart")),
     "a model with buffers": (_no_fault, {"model": "badlab:normed"},
                              (r"setting 'model': badlab:normed keeps buffers \(1.running_mean, 1.running_var, "
-                              r"1.num_batches_tracked\) .*torch.nn.GroupNorm or LayerNorm")),
+                              r"1.num_batches_tracked\) that no method trains or sends, so the server would evaluate with their "
+                              r"initial values; build it with torch.nn.GroupNorm or LayerNorm instead of BatchNorm "
+                              r"\(or BatchNorm with track_running_stats=False\)$")),
+    "a model with four buffers": (_no_fault, {"model": "badlab:four"},
+                                  (r"keeps buffers \(0.1.running_mean, 0.1.running_var, 0.1.num_batches_tracked and "
+                                   r"1 more\) that")),
+    "a model of the user's with batch norm asked for": (_no_fault, {"model": "badlab:normed", "model-norm": "batch"},
+                                                         r"setting 'model': badlab:normed keeps buffers \(1.running"),
+    "a model whose output is not a tensor": (_no_fault, {"model": "badlab:pair"},
+                                             r"setting 'model': badlab:pair gives tuple for 2 samples; expected \(2, 10\)"),
+    "images too small for the model": (_no_fault, {"model": "resnet9"},
+                                       (r"^fedsketch: error: setting 'model': model 'resnet9' needs images \(C, H, W\) "
+                                        r"with H, W >= \d+; got \(1, 4, 4\)$")),
     "batch norm in a built-in model": (_color, {"model": "resnet9", "model-norm": "batch"},
                                        (r"setting 'model-norm' is 'batch' for model 'resnet9': .* use "
                                         r"model-norm = \"group\"")),
@@ -146,7 +181,7 @@ CASES = {
     "no test samples": (_no_test_samples, {},
                         r"x_test and y_test of npz:.*data\.npz are empty \(0 samples\): .* the server evaluates on"),
     "a loader that returns no training samples": (_no_fault, {"dataset": "badlab:empty"},
-                                                  r"x_train and y_train of badlab:empty are empty \(0 samples\)"),
+                                                  r"^fedsketch: error: data: x_train and y_train of badlab:empty are empty \(0 samples\)"),
     "generating devices that are not the clients": (_no_fault, {"dataset": "synthetic", "partition": "natural",
                                                                 "synthetic-devices": 50},
                                                     r"setting 'synthetic-devices' \(50\) differs from 'num-clients' \(20\)"),

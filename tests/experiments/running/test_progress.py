@@ -6,14 +6,17 @@ import io
 import itertools
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
-from rich.progress import Progress
+from rich.console import Console
+from rich.progress import Progress, TaskID
 
 from experiments.analysis.plots import PARETO, BytesFormatter, BytesLocator, plot_experiment
 from experiments.analysis.results import format_bytes
-from experiments.running.progress import LineProgress, RunWatcher, make_progress
+from experiments.running.progress import LineProgress, RunWatcher, make_progress, note, time_left
+from experiments.running.progress import clock as progress_clock
 from fedsketch.server import runlog
 
 
@@ -148,3 +151,131 @@ def test_byte_tick_labels_never_overlap_on_a_narrow_axis(low: float, high: float
             assert left.x1 < right.x0, [label.get_text() for label in ax.get_xticklabels()]
     finally:
         plt.close(fig)
+
+
+def test_time_left_is_the_pace_from_the_first_to_the_last_stamp_times_the_rounds_to_go() -> None:
+    assert time_left([(2, 100.0), (4, 110.0)], 10) == 30.0  # 5 s a round, 6 rounds to go
+    assert time_left([(2, 100.0), (3, 104.0), (4, 110.0)], 10) == 30.0  # the ends, not the last step
+    assert time_left([(2, 0.0), (5, 3.0), (5, 9.0)], 8) == 9.0
+    assert time_left([(2, 100.0), (4, 110.0)], 3) == 0.0  # past its last round: nothing left
+    assert time_left([(4, 100.0), (4, 101.0), (6, 110.0)], 10) == 20.0
+    for too_few in ([], [(3, 100.0)], [(3, 100.0), (3, 105.0)]):
+        assert time_left(too_few, 10) is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0:00:00"), (125.9, "0:02:05"), (3600, "1:00:00"), (7199, "1:59:59")]
+)
+def test_the_clock_reads_hours_minutes_seconds(seconds: float, text: str) -> None:
+    assert progress_clock(seconds) == text
+
+
+def test_each_run_gets_its_own_line_and_a_line_every_round_of_a_short_run() -> None:
+    out, clock = io.StringIO(), Clock()
+    progress = LineProgress(out, clock=clock)
+    assert (progress.add_task("a", total=5), progress.add_task("b", total=5)) == (0, 1)
+    for rnd in range(1, 6):
+        progress.update(TaskID(1), completed=rnd)
+    progress.print("a note")
+    assert out.getvalue().splitlines() == [
+        "a: ",
+        "b: ",
+        *(f"b: round {r}/5    elapsed 0:00:00" for r in range(1, 6)),
+        "a note",
+    ]
+
+
+def test_a_line_comes_exactly_30_seconds_after_the_last() -> None:
+    out, clock = io.StringIO(), Clock()
+    progress = LineProgress(out, clock=clock)
+    task = progress.add_task("a", total=100)
+    progress.update(task, completed=1)
+    clock.now += 30.0
+    progress.update(task, completed=2)
+    assert out.getvalue().splitlines()[-1] == "a: round 2/100    elapsed 0:00:30"
+
+
+def test_each_line_reaches_a_block_buffered_stream_at_once() -> None:
+    raw = io.BytesIO()
+    progress = LineProgress(io.TextIOWrapper(raw, encoding="utf-8"), clock=Clock())
+    task = progress.add_task("a", total=2, status="starting")
+    assert raw.getvalue() == b"a: starting\n"
+    progress.update(task, completed=1)
+    assert raw.getvalue().endswith(b"a: round 1/2    elapsed 0:00:00\n")
+    note(progress, "said")
+    assert raw.getvalue().endswith(b"said\n")
+
+
+def test_off_a_terminal_the_lines_go_to_the_stream_given_or_standard_output() -> None:
+    out = io.StringIO()
+    given, default = make_progress(out), make_progress()
+    assert isinstance(given, LineProgress) and given.stream is out
+    assert isinstance(default, LineProgress) and default.stream is sys.stdout
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_live_line_shows_the_run_its_bar_rounds_status_and_time() -> None:
+    live = make_progress(Terminal())
+    assert isinstance(live, Progress)
+    live.add_task("fetchsgd seed 0", total=10, status="acc 0.500")
+    live.update(TaskID(0), completed=3)
+    shown = Console(file=io.StringIO(), width=120, force_terminal=True, color_system="standard")
+    shown.print(live.make_tasks_table(live.tasks))
+    text = shown.file.getvalue()  # type: ignore[attr-defined]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    assert re.fullmatch(r"fetchsgd seed 0 [━╺]+ +3/10 acc 0\.500 0:00:0\d\s*", plain), plain
+    assert "\x1b[1mfetchsgd seed 0" in text  # the run's name in bold
+
+
+def test_a_note_above_the_live_display_is_printed_as_is() -> None:
+    live = Progress(console=Console(file=io.StringIO(), width=120, force_terminal=True, color_system="standard"))
+    note(live, "[bold]k[/bold] = 12 at round 3")
+    assert live.console.file.getvalue() == "[bold]k[/bold] = 12 at round 3\n"  # type: ignore[attr-defined]
+
+
+def _round_rows(path: Path, *rows: dict) -> None:
+    for row in rows:
+        runlog.append_metrics(path, row, runlog.ROUNDS)
+
+
+def test_the_watcher_says_once_that_a_run_resumes_and_starts_with_flower(tmp_path: Path) -> None:
+    out = io.StringIO()
+    watcher = RunWatcher(LineProgress(out), "fetchsgd seed 0", tmp_path, num_rounds=10)
+    runlog.mark_resumed(tmp_path, 3)
+    watcher()
+    watcher()
+    assert out.getvalue().splitlines() == [
+        "fetchsgd seed 0: starting Flower...",
+        "fetchsgd seed 0: resuming after round 3 (its checkpoint)",
+    ]
+
+
+def test_the_watcher_moves_with_rounds_not_yet_evaluated_and_estimates_from_this_commands_rounds(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    watcher = RunWatcher(LineProgress(out), "a", tmp_path, num_rounds=10, started=0.5)
+    _round_rows(tmp_path, {"round": 1}, {"round": 2, "unix_time": 0.5}, {"round": 3, "unix_time": 20.5})
+    _round_rows(tmp_path, {"round": 4, "unix_time": 30.5})
+    watcher()
+    line = out.getvalue().splitlines()[-1]
+    assert re.fullmatch(r"a: round 4/10  about 0:01:30 left \(estimate\)  elapsed 0:00:0\d", line), line
+
+
+def test_the_last_round_is_shown_once_it_is_evaluated(tmp_path: Path) -> None:
+    out = io.StringIO()
+    watcher = RunWatcher(LineProgress(out), "a", tmp_path, num_rounds=3)
+    _round_rows(tmp_path, {"round": 1}, {"round": 2}, {"round": 3})
+    runlog.append_metrics(tmp_path, {"round": 2, "test_accuracy": 0.5, "cum_upload_bytes": 1, "cum_download_bytes": 2})
+    watcher()
+    assert out.getvalue().splitlines()[-1].startswith("a: round 2/3  acc 0.500  up 1 B  down 2 B  elapsed")
+    one = io.StringIO()
+    single = RunWatcher(LineProgress(one), "b", tmp_path / "one", num_rounds=1)
+    (tmp_path / "one").mkdir()
+    _round_rows(tmp_path / "one", {"round": 1})
+    single()
+    assert one.getvalue().splitlines() == ["b: starting Flower..."]  # its only round ended, not yet evaluated

@@ -5,11 +5,13 @@ The same through real Flower and Ray processes is in tests/e2e/test_stopping.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +30,11 @@ def _sleeper(token: str, ignore_term: bool = False) -> subprocess.Popen[bytes]:
     script = ("trap '' TERM; " if ignore_term else "") + "sleep 60 & wait"
     env = dict(os.environ, **{stopping.TOKEN_VAR: token})
     return subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+
+
+def _token(name: str) -> str:
+    """A token no other test, or test process beside this one, carries: reaping stops every carrier."""
+    return f"fedsketch-{name}-{os.getpid()}-{time.monotonic_ns()}"
 
 
 def _dead_pid() -> int:
@@ -67,13 +74,14 @@ def test_the_next_command_stops_what_a_killed_one_left_and_says_so(tmp_path: Pat
     run = tmp_path / "runs" / "default" / "fetchsgd"
     run.mkdir(parents=True)
     runlog.append_metrics(run, {"round": 3, "strategy": "fetchsgd"})
-    left = [_sleeper("fedsketch-killed"), _sleeper("fedsketch-killed")]
-    alive = _sleeper("fedsketch-alive")
+    killed, living = _token("killed"), _token("alive")
+    left = [_sleeper(killed), _sleeper(killed)]
+    alive = _sleeper(living)
     try:
-        gone = {"token": "fedsketch-killed", "pid": _dead_pid(), "pid-start": 1, "command": "run", "run": [str(run), 9]}
+        gone = {"token": killed, "pid": _dead_pid(), "pid-start": 1, "command": "run", "run": [str(run), 9]}
         (records / "killed.json").write_text(json.dumps(gone))
         own = procs.start_time(os.getpid())  # a live command: never touched
-        live = {"token": "fedsketch-alive", "pid": os.getpid(), "pid-start": own, "command": "deploy", "run": None}
+        live = {"token": living, "pid": os.getpid(), "pid-start": own, "command": "deploy", "run": None}
         (records / "alive.json").write_text(json.dumps(live))
         time.sleep(0.3)
         lines = stopping.reap(records, grace_s=2.0)
@@ -197,3 +205,261 @@ def test_a_child_that_lost_the_token_is_stopped_with_its_parent() -> None:
     assert stopping.stop_token(token, grace_s=0.5) == 2
     assert parent.wait(timeout=5) == -signal.SIGTERM
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1][:3]
+
+
+def test_commands_record_their_tokens_where_the_user_keeps_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(stopping.STATE_VAR, str(tmp_path / "mine"))
+    assert stopping.state_dir() == tmp_path / "mine"
+    monkeypatch.setenv(stopping.STATE_VAR, "")  # set but empty: as if unset
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert stopping.state_dir() == tmp_path / "xdg" / "fedsketch"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert stopping.state_dir() == tmp_path / "home" / ".local" / "state" / "fedsketch"
+
+
+def test_a_stop_names_its_signal_and_a_finished_run_is_not_marked(tmp_path: Path) -> None:
+    assert (str(stopping.Interrupted(signal.SIGINT)), stopping.Interrupted(signal.SIGINT).exit_code) == ("SIGINT", 130)
+    stop = stopping.Interrupted(signal.SIGTERM)
+    assert stopping.record(tmp_path, 4, stop) == "interrupted (SIGTERM) after round 0 of 4"
+    for rnd in range(1, 5):
+        runlog.append_metrics(tmp_path, {"round": rnd})
+    assert stopping.record(tmp_path, 4, stop) == "finished"
+    assert stopping.record(tmp_path, 5, stop) == "interrupted (SIGTERM) after round 4 of 5"
+    (tmp_path / "none").mkdir()
+    assert stopping.record(tmp_path / "none", 1, stop) == "interrupted (SIGTERM) after round 0 of 1"
+
+
+def test_the_record_of_a_command_killed_outright_lets_the_next_one_clean_up(tmp_path: Path) -> None:
+    """What :class:`stopping.Invocation` records is what :func:`stopping.reap` needs once its command is gone."""
+    run = tmp_path / "runs" / "fetchsgd"
+    run.mkdir(parents=True)
+    runlog.append_metrics(run, {"round": 2})
+    with stopping.Invocation("deploy", state=tmp_path / "new" / "state", grace_s=0.5) as invocation:
+        stopping.note_run(run, 9)
+        carrying = _sleeper(invocation.token)  # started by the command: carries its token
+        forked = _sleeper(_token("another"))  # forked before the command had a token: tracked by pid
+        invocation.track(forked.pid)
+        entry = json.loads(invocation.entry.read_text(encoding="utf-8"))
+        assert invocation.entry.name == f"{os.getpid()}-{invocation.token.rsplit('-', 1)[1]}.json"
+        assert (entry["command"], entry["run"], entry["pid"]) == ("deploy", [str(run), 9], os.getpid())
+        gone = tmp_path / "records"
+        gone.mkdir()
+        dead = _dead_pid()
+        (gone / "gone.json").write_text(json.dumps({**entry, "pid": dead}), encoding="utf-8")
+        time.sleep(0.3)
+        said = (
+            f"fedsketch: stopped 4 processes left by `fedsketch deploy` (pid {dead}), which ended without stopping "
+            f"them; its run {run} is marked interrupted"
+        )
+        assert stopping.reap(gone, grace_s=0.5) == [said]
+        assert carrying.wait(timeout=2) == -signal.SIGTERM and forked.wait(timeout=2) == -signal.SIGTERM
+    assert runlog.status_note(runlog.read_status(run) or {}) == "interrupted (killed) after round 2 of 9"
+
+
+def test_leaving_stops_what_the_command_started_and_restores_what_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(stopping.TOKEN_VAR, "outer")  # a command run from within another one's process
+    before = signal.getsignal(signal.SIGINT)
+    with stopping.Invocation("run", state=tmp_path, grace_s=0.3) as invocation:
+        assert os.environ[stopping.TOKEN_VAR] == invocation.token
+        polite = subprocess.Popen(["sleep", "60"])
+        stubborn = _sleeper(invocation.token, ignore_term=True)
+        forked = _sleeper(_token("another"))
+        invocation.track(forked.pid)
+        time.sleep(0.3)
+        invocation.entry.unlink()  # its record removed by hand, its token from the environment: leaving still works
+        del os.environ[stopping.TOKEN_VAR]
+        start = time.monotonic()
+    assert time.monotonic() - start < 2.9  # its own grace, not the default's 3 s
+    assert (polite.wait(timeout=1), forked.wait(timeout=1), stubborn.wait(timeout=1)) == (
+        -signal.SIGTERM,
+        -signal.SIGTERM,
+        -signal.SIGKILL,
+    )
+    assert os.environ[stopping.TOKEN_VAR] == "outer" and signal.getsignal(signal.SIGINT) == before
+    stopping.note_run(tmp_path, 3)  # no command now: nothing to note
+    assert not (tmp_path / "invocations").exists() or not list((tmp_path / "invocations").iterdir())
+
+
+def test_a_signal_stops_the_processes_before_the_command_unwinds(tmp_path: Path) -> None:
+    with stopping.Invocation("run", state=tmp_path, grace_s=0.3) as invocation:
+        polite = subprocess.Popen(["sleep", "60"])
+        stubborn = _sleeper(invocation.token, ignore_term=True)
+        forked = _sleeper(_token("another"))
+        invocation.track(forked.pid)
+        time.sleep(0.3)
+        start = time.monotonic()
+        with pytest.raises(stopping.Interrupted):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        assert time.monotonic() - start < 2.9
+        assert (polite.poll(), forked.poll(), stubborn.poll()) == (-signal.SIGTERM, -signal.SIGTERM, -signal.SIGKILL)
+
+
+def test_a_second_signal_kills_everything_at_once_and_marks_the_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with stopping.Invocation("run", state=tmp_path, grace_s=5.0) as invocation:
+        invocation.stopped_by = stopping.Interrupted(signal.SIGINT)
+        invocation.entry.unlink()  # removed by hand: forcing still works
+        assert invocation._force() == 130  # no run yet: nothing to mark
+        invocation._save()
+        run = tmp_path / "run"
+        run.mkdir()
+        runlog.append_metrics(run, {"round": 2})
+        stopping.note_run(run, 9)
+        polite = subprocess.Popen(["sleep", "60"])
+        forked = _sleeper(_token("another"))
+        invocation.track(forked.pid)
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert invocation._force() == 130
+        assert time.monotonic() - start < 2.9  # at once, not after the grace
+        assert (polite.wait(timeout=1), forked.wait(timeout=1)) == (-signal.SIGKILL, -signal.SIGKILL)
+        assert runlog.status_note(runlog.read_status(run) or {}) == "interrupted (SIGINT) after round 2 of 9"
+        assert not invocation.entry.exists()
+    assert capfd.readouterr().err.count("fedsketch: forced: every process it started was killed\n") == 2
+
+
+def test_a_skip_asked_for_between_runs_is_dropped_and_one_during_a_run_named(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    poll = stopping.checked(lambda: None)
+    with stopping.Invocation("run", state=tmp_path) as invocation:
+        assert signal.getsignal(signal.SIGUSR1) == invocation._on_skip  # else the signal would end the tests
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+        invocation.start_run(tmp_path, 10)
+        poll()  # asked for before this run started
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+        with pytest.raises(stopping.Skipped) as skipped:
+            poll()
+    assert str(skipped.value) == "SIGUSR1"
+    assert capfd.readouterr().err.count("fedsketch: SIGUSR1: skipping the current run\n") == 2
+
+
+def test_a_hangup_ignored_under_nohup_stays_ignored(tmp_path: Path) -> None:
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stopping.Invocation("run", state=tmp_path):
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with stopping.Invocation("run", state=tmp_path) as invocation:
+            assert signal.getsignal(signal.SIGHUP) == invocation._on_stop
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def test_a_command_run_off_the_main_thread_installs_no_handlers(tmp_path: Path) -> None:
+    """A notebook's background thread: Python allows signal handlers only in the main thread."""
+    before, raised = signal.getsignal(signal.SIGTERM), []
+
+    def command() -> None:
+        try:
+            with stopping.Invocation("run", state=tmp_path):
+                assert signal.getsignal(signal.SIGTERM) == before
+        except BaseException as exc:  # noqa: BLE001  # reported to the test's thread
+            raised.append(exc)
+
+    thread = threading.Thread(target=command)
+    thread.start()
+    thread.join(timeout=10)
+    assert raised == []
+
+
+def test_entering_says_at_once_what_a_dead_command_left_and_stops_it_within_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = tmp_path / "invocations"
+    records.mkdir()
+    killed = _token("killed")
+    stubborn = _sleeper(killed, ignore_term=True)
+    dead = _dead_pid()
+    gone = {"token": killed, "pid": dead, "pid-start": 1, "command": "run", "run": None}
+    (records / "killed.json").write_text(json.dumps(gone))
+    time.sleep(0.3)
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+    start = time.monotonic()
+    with stopping.Invocation("run", state=tmp_path, grace_s=0.3):
+        assert time.monotonic() - start < 2.9
+        assert raw.getvalue().decode() == (
+            f"fedsketch: stopped 2 processes left by `fedsketch run` (pid {dead}), which ended without stopping them\n"
+        )
+    assert stubborn.wait(timeout=1) == -signal.SIGKILL
+
+
+def test_the_commands_record_names_the_run_it_is_in(tmp_path: Path) -> None:
+    """So that the next command marks the run a SIGKILL ended (:func:`stopping.reap`)."""
+    exp = _experiment(tmp_path / "runs")
+    named = []
+
+    def execute(cfg: RunConfig, path: Path) -> int:
+        named.append(json.loads(invocation.entry.read_text(encoding="utf-8"))["run"])
+        return _rounds({})(cfg, path)
+
+    with stopping.Invocation("run", state=tmp_path) as invocation:
+        runner.run_all(exp.runs, execute)
+    assert named == [[str(runlog.run_dir(cfg)), 4] for cfg in exp.runs]
+
+
+def test_a_second_signal_exits_at_once_with_the_first_ones_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exits: list[int] = []
+
+    def exit_now(code: int) -> None:  # os._exit would end the tests' own process
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with stopping.Invocation("run", state=tmp_path) as invocation:
+        with pytest.raises(stopping.Interrupted):
+            invocation._on_stop(signal.SIGTERM, None)
+        with pytest.raises(SystemExit):
+            invocation._on_stop(signal.SIGINT, None)
+    assert exits == [143]
+
+
+def test_reaping_passes_over_a_half_written_record_and_leaves_finished_or_marked_runs_as_they_are(
+    tmp_path: Path,
+) -> None:
+    records = tmp_path / "invocations"
+    records.mkdir()
+    (records / "a-half.json").write_text('{"token": "fedsketch-', encoding="utf-8")  # killed while writing it
+    runs = {}
+    for name, rounds in (("finished", 4), ("marked", 2), ("open", 2)):
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+        for rnd in range(1, rounds + 1):
+            runlog.append_metrics(runs[name], {"round": rnd})
+    runlog.write_status(runs["marked"], "skipped", "SIGUSR1", 4)
+    for name, path in runs.items():
+        gone = {
+            "token": _token(name),
+            "pid": _dead_pid(),
+            "pid-start": 1,
+            "command": "run",
+            "run": [str(path), 4],
+        }
+        (records / f"b-{name}.json").write_text(json.dumps(gone), encoding="utf-8")
+    lines = stopping.reap(records, grace_s=0.1)
+    assert len(lines) == 1 and lines[0].endswith(f"; its run {runs['open']} is marked interrupted")
+    assert runlog.read_status(runs["finished"]) is None
+    assert runlog.status_note(runlog.read_status(runs["marked"]) or {}) == "skipped (SIGUSR1) after round 2 of 4"
+    assert not list(records.iterdir())  # every record read is gone, the half-written one too
+
+
+def test_a_token_removed_from_the_environment_inside_the_command_is_no_error_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(stopping.TOKEN_VAR, raising=False)
+    with stopping.Invocation("run", state=tmp_path):
+        del os.environ[stopping.TOKEN_VAR]
+    assert stopping.TOKEN_VAR not in os.environ

@@ -31,10 +31,15 @@ def test_a_card_is_checked_against_the_cards_seen(monkeypatch: pytest.MonkeyPatc
     for name in ("cuda", "cuda:0", "cuda:1", "cpu", "auto"):
         device.check(name, visible=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with pytest.raises(ValueError, match=r"'cuda:1' but PyTorch sees 1 CUDA GPU\(s\), cuda:0 to cuda:0 "):
+    with pytest.raises(ValueError) as caught:
         device.check("cuda:1", visible=1)
+    assert str(caught.value) == (
+        "setting 'device' is 'cuda:1' but PyTorch sees 1 CUDA GPU(s), cuda:0 to cuda:0 "
+        "(CUDA_VISIBLE_DEVICES='3'; cuda:N counts the visible ones)"
+    )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    with pytest.raises(ValueError, match=r"'cuda' but this machine shows no CUDA GPU to PyTorch \(CUDA_VISIBLE"):
+    with pytest.raises(ValueError, match=r"'cuda' but this machine shows no CUDA GPU to PyTorch \(CUDA_VISIBLE_DEVICES "
+                       r"unset\); use"):  # fmt: skip
         device.check("cuda", visible=0)
     device.check("cpu", visible=0)
 
