@@ -56,6 +56,11 @@ POSITIVE = (
     "min_replies",
     "min_nodes",
     "max_client_state_mb",
+    "lr",
+    "client_lr",
+    "partition_alpha",
+    "round_timeout",
+    "reply_poll_s",
 )
 NON_NEGATIVE = (
     "seed",
@@ -125,9 +130,6 @@ def _ranges(cfg: Fields) -> None:
     for name in NON_NEGATIVE:
         if not getattr(cfg, name) >= 0:
             raise ConfigError(f"setting '{_key(name)}' must be >= 0; got {getattr(cfg, name)}")
-    for name in ("lr", "client_lr", "partition_alpha", "round_timeout", "reply_poll_s"):
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"setting '{_key(name)}' must be > 0; got {getattr(cfg, name)}")
     if not 0.0 <= cfg.object_retry_s <= 0.25:
         raise ConfigError(
             f"setting 'object-retry-s' must be in [0, 0.25] (0: Flower's own retries); got {cfg.object_retry_s}"

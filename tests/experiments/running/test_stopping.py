@@ -194,7 +194,7 @@ def test_report_and_plot_say_which_runs_were_stopped(tmp_path: Path, capsys: pyt
 
 def test_a_child_that_lost_the_token_is_stopped_with_its_parent() -> None:
     """Ray's processes rename themselves, which can overwrite the environment /proc shows: children count too."""
-    token = f"fedsketch-test-{os.getpid()}-{time.monotonic_ns()}"
+    token = _token("test")
     code = "import subprocess, time; c = subprocess.Popen(['/bin/sleep', '60'], env={}); print(c.pid, flush=True); time.sleep(60)"
     parent = subprocess.Popen(
         [sys.executable, "-c", code], env={**os.environ, stopping.TOKEN_VAR: token}, stdout=subprocess.PIPE, text=True
