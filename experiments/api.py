@@ -38,6 +38,7 @@ import numpy as np
 
 from experiments.flower.federation import Federation
 from experiments.running import runner
+from experiments.running.command_plan import OUT, SUPERNODES
 from experiments.running.runner import Experiment
 from fedsketch.data.handoff import INPUTS
 from fedsketch.settings.setting import ConfigError
@@ -54,10 +55,10 @@ def run(
     data: Any = None,
     strategies: Sequence[str] | None = None,
     seeds: int | None = None,
-    out: str | Path = "runs",
+    out: str | Path = OUT,
     backend: str | None = None,
     runtime: str = "process",
-    supernodes: int = 2,
+    supernodes: int = SUPERNODES,
     plot: bool = False,
     restart: bool = False,
     **settings: Any,
@@ -109,8 +110,8 @@ def plan(
     data: Any = None,
     strategies: Sequence[str] | None = None,
     seeds: int | None = None,
-    out: str | Path = "runs",
-    supernodes: int = 2,
+    out: str | Path = OUT,
+    supernodes: int = SUPERNODES,
     **settings: Any,
 ) -> str:
     """What :func:`run` with the same arguments will send, as ``fedsketch plan`` prints it; no Flower is started.
@@ -252,7 +253,13 @@ def reference(fn: Callable[..., Any], out: Path) -> str:
 
 
 def data_settings(data: Any, out: Path) -> dict[str, Any]:
-    """The ``dataset`` (and ``data-root``) settings for ``data``: a name, a loader, or the data itself."""
+    """The ``dataset`` (and ``data-root``) settings for ``data``: a name, a loader, or the data itself.
+
+    Raises
+    ------
+    ConfigError
+        For data of no shape docs/data.md describes, or labels that are not integers.
+    """
     if isinstance(data, str):
         return {"dataset": data}
     if callable(data):
@@ -260,9 +267,12 @@ def data_settings(data: Any, out: Path) -> dict[str, Any]:
     from fedsketch.data.load import as_samples
     from fedsketch.data.user import unpack
 
-    x_train, y_train, x_test, y_test, ids = unpack(data, "data")
-    arrays = dict(zip(("x_train", "y_train"), as_samples(x_train, y_train, "train", "data"), strict=True))
-    arrays.update(zip(("x_test", "y_test"), as_samples(x_test, y_test, "test", "data"), strict=True))
+    try:
+        x_train, y_train, x_test, y_test, ids = unpack(data, "data")
+        arrays = dict(zip(("x_train", "y_train"), as_samples(x_train, y_train, "train", "data"), strict=True))
+        arrays.update(zip(("x_test", "y_test"), as_samples(x_test, y_test, "test", "data"), strict=True))
+    except ValueError as exc:  # run's and plan's refusals are ConfigErrors, whatever refused
+        raise ConfigError(str(exc)) from None
     found = {key: value.numpy() for key, value in arrays.items()}
     if ids is not None:
         found["client_ids"] = np.asarray(ids)

@@ -26,15 +26,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.running.command_plan import APP_DIR, RUN_PLAN
+from experiments.running.command_plan import OUT, RUN_PLAN, SUPERNODES
 from fedsketch.settings.setting import ConfigError
 
 if TYPE_CHECKING:
+    from experiments.deployment.deploy_commands import Deployment
+    from fedsketch.config import RunConfig
     from fedsketch.server.runlog import RunSpec
 
 
@@ -53,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--supernodes",
         type=int,
-        default=2,
-        help="simulated Flower nodes; each runs a cohort of logical clients per round (default: 2)",
+        default=SUPERNODES,
+        help=f"simulated Flower nodes; each runs a cohort of logical clients per round (default: {SUPERNODES})",
     )
     run.add_argument(
         "--gpus-per-node",
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     plan_parser = sub.add_parser("plan", help="what each run will send (round 1 run here, no Flower), before running")
     _add_experiment_arguments(plan_parser, example_rounds=20)
     plan_parser.add_argument(
-        "--supernodes", type=int, default=2, help="simulated nodes (secure aggregation bills by them)"
+        "--supernodes", type=int, default=SUPERNODES, help="simulated nodes (secure aggregation bills by them)"
     )
     plot = sub.add_parser("plot", help="draw accuracy vs rounds / upload bytes / total bytes, and the Pareto front")
     plot.add_argument("run_dir", type=Path, help="an experiment folder, e.g. runs/default")
@@ -132,7 +133,7 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
     )
     parser.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
     parser.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
-    parser.add_argument("--out", type=Path, default=Path("runs"), help="results folder (default: runs)")
+    parser.add_argument("--out", type=Path, default=Path(OUT), help=f"results folder (default: {OUT})")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -258,75 +259,61 @@ def _add_deploy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     """Run on a SuperLink and SuperNodes on this machine, or write a kit for real devices."""
-    from bridge import flower
-    from experiments import api
-    from experiments.analysis import tracking
     from experiments.deployment import deploy
-    from experiments.deployment.recipe import kit_runs, write_kit
-    from experiments.running import runner, stopping
-    from experiments.running.command_plan import conclude
-    from experiments.running.preflight import check_runs
-    from experiments.running.progress import RunWatcher, make_progress
-    from fedsketch.server import runlog
 
+    if args.kit is not None:
+        return _write_kit(args)
+    deployment, runs = local_deployment(args)
+    return deploy.run_all(deployment, runs, plot=not args.no_plot)
+
+
+def _write_kit(args: argparse.Namespace) -> int:
+    """``deploy --kit DIR``: the experiment's runs checked as the devices will run them, and the kit written."""
+    from experiments.analysis import tracking
+    from experiments.deployment.recipe import kit_runs, write_kit
+    from experiments.running import runner
+    from experiments.running.preflight import check_runs
+
+    if not args.server:
+        raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
+    strategies = args.strategies.split(",") if args.strategies else None
+    config, overrides = args.config or runner.DEFAULT_CONFIG, runner.parse_overrides(args.overrides)
     try:
-        if args.kit is not None:
-            if not args.server:
-                raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
-            strategies = args.strategies.split(",") if args.strategies else None
-            runs = kit_runs(
-                args.supernodes,
-                args.config or runner.DEFAULT_CONFIG,
-                runner.parse_overrides(args.overrides),
-                strategies,
-                args.seeds,
-                str(args.out),
-            )
-            check_runs(runs, here=False)  # they run on the devices, not here
-            tracking.refuse_in_kit(runs)
-            print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
-            return 0
-        isolation = args.isolation if flower.internals() else "subprocess"  # the launcher reaches Flower's internals
-        if isolation != args.isolation:
-            print(f"fedsketch: SuperNodes run Flower's own isolation, not the launcher ({flower.public_only_reason()})")
-        deployment = deploy.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=isolation)
+        runs = kit_runs(args.supernodes, config, overrides, strategies, args.seeds, str(args.out))
+        check_runs(runs, here=False)  # they run on the devices, not here
+        tracking.refuse_in_kit(runs)
+        print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    settings, given = deploy.node_settings(args.supernodes), runner.parse_overrides(args.overrides)
-    overrides = {**settings, **given}
+    return 0
+
+
+def local_deployment(args: argparse.Namespace) -> tuple[Deployment, tuple[RunConfig, ...]]:
+    """``deploy`` without ``--kit``: what to start and its runs, each checked, as one client per SuperNode, a
+    quorum a round and checkpoints unless ``--set`` says otherwise (which it prints); nothing is started."""
+    from bridge import flower
+    from experiments import api
+    from experiments.deployment import deploy_commands as dc
+    from experiments.running import runner
+
+    isolation = args.isolation if flower.internals() else "subprocess"  # the launcher reaches Flower's internals
+    if isolation != args.isolation:
+        print(f"fedsketch: SuperNodes run Flower's own isolation, not the launcher ({flower.public_only_reason()})")
+    try:
+        deployment = dc.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=isolation)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     strategies = args.strategies.split(",") if args.strategies else None
-    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
-    runs = experiment.runs if "checkpoint-every" in given else deploy.checkpointed(experiment.runs)
+    settings, given = dc.node_settings(args.supernodes), runner.parse_overrides(args.overrides)
+    runs = api.prepare(args.config, {**settings, **given}, args.out.resolve(), args.seeds, strategies).runs
+    runs = runs if "checkpoint-every" in given else dc.checkpointed(runs)
     _check_resumes(runs, args.restart)
-    shown = " ".join(f"{k}={overrides[k]}" for k in settings)
+    shown = " ".join(f"{k}={given.get(k, v)}" for k, v in settings.items())
     saves = sorted({cfg.strategy for cfg in runs if cfg.checkpoint_every and "checkpoint-every" not in given})
     if saves:
-        shown += f" checkpoint-every={deploy.CHECKPOINT_EVERY} ({', '.join(saves)})"
+        shown += f" checkpoint-every={dc.CHECKPOINT_EVERY} ({', '.join(saves)})"
     print(f"deployment settings: {shown} (change with --set)")
-    exp_dir = runlog.experiment_dir(runs[0])
-    with stopping.Invocation("deploy") as invocation:
-        print(f"starting a SuperLink and {args.supernodes} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
-        with deploy.LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
-
-            def execute(cfg: RunSpec, path: Path) -> int:
-                watcher = stopping.checked(RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds))
-                try:
-                    return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
-                except stopping.Skipped:
-                    try:
-                        fed.stop_runs()  # the skipped run's ServerApp would go on on the shared SuperLink
-                        start = time.monotonic()
-                        fed.restart_supernodes()  # one may hold a message of the skipped run for good
-                        print(
-                            f"fedsketch: restarted the {args.supernodes} SuperNodes for the next run "
-                            f"({time.monotonic() - start:.1f} s)"
-                        )
-                    except RuntimeError as exc:
-                        print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
-                    raise
-
-            results = runner.run_all(runs, execute)
-    return conclude(results, invocation, exp_dir, plot=not args.no_plot)
+    return deployment, runs
 
 
 def main(argv: list[str] | None = None) -> int:

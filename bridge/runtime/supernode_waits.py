@@ -51,15 +51,6 @@ class Backoff:
         """The wait that follows ``wait``."""
         return min(self.cap, wait * self.factor)
 
-    def waits(self, total_s: float) -> list[float]:
-        """The waits of the asks made within ``total_s`` seconds of a reply (each ask itself taken as instant)."""
-        out: list[float] = []
-        wait = self.first
-        while sum(out) + wait <= total_s:
-            out.append(wait)
-            wait = self.after(wait)
-        return out
-
 
 class BackoffClock:
     """Stands in for the ``time`` module in Flower's SuperNode loop: ``sleep`` backs off, the rest is ``time``'s."""
@@ -105,15 +96,8 @@ def install(backoff: Backoff | None = None) -> BackoffClock:
     return clock
 
 
-def uninstall() -> None:
-    """Flower's own clock and push again (for tests in one process)."""
-    names = vars(importlib.import_module(MODULE))
-    if isinstance(names.get("time"), BackoffClock):
-        names["time"], names["_push_messages"] = time, names["_push_messages"].__wrapped__
-
-
 def _after_reply(push: Callable[..., None], clock: BackoffClock) -> Callable[..., None]:
-    @functools.wraps(push)  # keeps ``push`` as ``__wrapped__`` for :func:`uninstall`
+    @functools.wraps(push)  # keeps ``push`` as ``__wrapped__``
     def push_then_ask_soon(*args: Any, **kwargs: Any) -> None:
         clock.replied()
         push(*args, **kwargs)

@@ -29,10 +29,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from experiments.deployment.deploy_commands import (
     CHECKPOINT_EVERY,
@@ -58,6 +58,9 @@ from experiments.flower.flower_procs import (
     wait_healthy_tls,
 )
 
+if TYPE_CHECKING:
+    from fedsketch.config import RunConfig
+
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -66,6 +69,7 @@ __all__ = [
     "LocalFederation",
     "checkpointed",
     "node_settings",
+    "run_all",
 ]  # what a run on a LocalFederation needs
 
 
@@ -327,3 +331,37 @@ class LocalFederation:
                 stop_group(proc, grace_s=0.0)
         self.procs.clear()
         procs.stop_carrying(TAG, str(self.work_dir.resolve()), 5.0)  # the detached ones, and any orphans
+
+
+def run_all(deployment: Deployment, runs: Sequence[RunConfig], plot: bool) -> int:
+    """``fedsketch deploy``'s runs, one after another, on a federation started here; the exit code. A skipped run
+    (SIGUSR1) is stopped on the SuperLink and the SuperNodes start again: none keeps one of its messages."""
+    from experiments.running import runner, stopping
+    from experiments.running.command_plan import APP_DIR, conclude
+    from experiments.running.progress import RunWatcher, make_progress
+    from fedsketch.server import runlog
+
+    exp_dir = runlog.experiment_dir(runs[0])
+    n = deployment.num_supernodes
+    with stopping.Invocation("deploy") as invocation:
+        print(f"starting a SuperLink and {n} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
+        with LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
+
+            def execute(cfg: RunConfig, path: Path) -> int:
+                watcher = stopping.checked(RunWatcher(progress, runner.describe(cfg), path, cfg.num_rounds))
+                try:
+                    return fed.run(APP_DIR, path / "run_config.toml", path / "flower.log", poll=watcher)
+                except stopping.Skipped:
+                    try:
+                        fed.stop_runs()  # the skipped run's ServerApp would go on on the shared SuperLink
+                        start = time.monotonic()
+                        fed.restart_supernodes()  # one may hold a message of the skipped run for good
+                        print(
+                            f"fedsketch: restarted the {n} SuperNodes for the next run ({time.monotonic() - start:.1f} s)"
+                        )
+                    except RuntimeError as exc:
+                        print(f"fedsketch: the skipped run may still hold the SuperLink or a SuperNode: {exc}")
+                    raise
+
+            results = runner.run_all(runs, execute)
+    return conclude(results, invocation, exp_dir, plot=plot)

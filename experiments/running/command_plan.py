@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 APP_DIR = Path(__file__).resolve().parents[2]
 RUN_PLAN = "run-plan"
 """The internal command that runs what ``run`` validated (:func:`exec_run_plan`)."""
+OUT = "runs"
+"""Where results go unless told: ``--out``, and the Python API's ``out``."""
+SUPERNODES = 2
+"""The simulated nodes unless told: ``--supernodes`` of ``run`` and ``plan``, and the Python API's ``supernodes``."""
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message
+from flwr.app import Context, Message
 
 from bridge.flower import task_identity
-from bridge.messages import wire_bytes
-from clients.secure import FITINS_CONFIG
+from bridge.legacy import Code, compat, ndarrays_to_parameters, parameters_to_ndarrays
+from bridge.messages import delivered, wire_bytes
+from clients.secure import FITINS_CONFIG, is_secure, secure_train
 from fedsketch import wire
+from fedsketch.client.cohort import run_cohort
 from fedsketch.config import ConfigError, RunConfig
-from fedsketch.methods import ClientUpdate, Round
+from fedsketch.methods import ClientJob, ClientUpdate, Round, received_round_config
+from fedsketch.methods.fetchsgd import sketch_norm
 from strategies.secure import checked_mean, quantization_error
 from strategies.server_app import build_strategy
 from strategies.strategy import FedSketchStrategy
@@ -277,3 +281,86 @@ def test_secure_fetchsgd_trains_through_a_real_flower_simulation(tmp_path: Path,
     rows = [json.loads(line) for line in (tmp_path / "secure" / "fetchsgd" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["round"], r["clients"], r["failures"]) for r in rows] == [(1, 6, 0), (2, 6, 0), (3, 6, 0)]
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
+
+
+def _node_request(tmp_path: Path, settings: dict[str, Any]) -> tuple[RunConfig, Message, Context]:
+    """The masking stage's request as node 101 received it in a real secure round, and that node's context."""
+    cfg = RunConfig.from_mapping({**SETTINGS, "secure-aggregation": True, **settings})
+    seen: list[Message] = []
+
+    def keep(msg: Message) -> Message:
+        if msg.metadata.dst_node_id == 101 and is_secure(msg):
+            seen.append(delivered(msg))
+        return msg
+
+    grid = TestGrid(cfg.to_mapping(), num_nodes=3, deliver=keep)
+    with task_identity():
+        build_strategy(cfg, tmp_path).start(grid)
+    return cfg, seen[0], grid.contexts[101]
+
+
+def _reply(reply: Message) -> tuple[list[np.ndarray], Any]:
+    fitres = compat.recorddict_to_fitres(reply.content, keep_input=True)
+    return parameters_to_ndarrays(fitres.parameters), fitres
+
+
+def test_a_nodes_reply_is_its_clients_example_weighted_mean_summed_in_float64(tmp_path: Path) -> None:
+    cfg, request, context = _node_request(tmp_path, {"clients-per-round": 12, "strategy": "fedavg"})
+    config = request.content.config_records[FITINS_CONFIG]
+    cids = wire.config_ints(config, wire.CIDS)
+    weights = parameters_to_ndarrays(
+        compat.arrayrecord_to_parameters(request.content.array_records["fitins.parameters"], keep_input=True)
+    )[0]
+    with task_identity():
+        arrays, fitres = _reply(secure_train(request, context, cfg))
+    outcomes = run_cohort(cfg, weights, [ClientJob(c, 1, received_round_config(cfg, config)) for c in cids])
+    total = sum(out.num_examples for out in outcomes)
+    exact = sum(out.payload["update"].astype(np.float64) * (out.num_examples / total) for out in outcomes)
+    assert len(cids) == 4 and len(arrays) == 1 and arrays[0].dtype == np.float32
+    assert np.array_equal(arrays[0], exact.astype(np.float32))
+    assert (fitres.status.code, fitres.status.message, fitres.num_examples) == (Code.OK, "", total)
+    assert fitres.metrics == {"clients": 4, "failed": 0, "loss": float(np.mean([o.loss for o in outcomes]))}
+
+
+def test_a_node_whose_clients_all_fail_raises_with_the_first_three_reasons(tmp_path: Path) -> None:
+    cfg, request, context = _node_request(tmp_path, {"clients-per-round": 12})
+    request.content.config_records[FITINS_CONFIG][wire.CIDS] = [997, 998, 999, 1000]
+    reasons = ", ".join(
+        f"'ValueError: client id {c} out of range: synthetic(0.5,0.5) has 20 clients (0..19)'" for c in (997, 998, 999)
+    )
+    with task_identity(), pytest.raises(RuntimeError) as raised:
+        secure_train(request, context, cfg)
+    assert str(raised.value) == f"no client of this node produced an update: [{reasons}]"
+
+
+def test_a_node_whose_clients_losses_are_not_finite_reports_nan(tmp_path: Path) -> None:
+    cfg, request, context = _node_request(tmp_path, {"strategy": "fedavg"})
+    record = request.content.array_records["fitins.parameters"]
+    weights = parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))[0]
+    nan = compat.parameters_to_arrayrecord(ndarrays_to_parameters([np.full_like(weights, np.nan)]), keep_input=True)
+    request.content.array_records["fitins.parameters"] = nan
+    with task_identity():
+        _, fitres = _reply(secure_train(request, context, cfg))
+    assert fitres.metrics["clients"] == 2 and math.isnan(fitres.metrics["loss"])
+
+
+def test_in_a_deployment_each_node_trains_its_own_partition_securely(tmp_path: Path) -> None:
+    """One client per SuperNode: the server names no client, each node is the client of its ``partition-id``."""
+    settings = {**SETTINGS, "strategy": "fedavg", "client-assignment": "node", "num-clients": 3, "clients-per-round": 3}
+    _, updates, _ = one_round(RunConfig.from_mapping(settings), tmp_path / "plain", nodes=3)
+    cfg = RunConfig.from_mapping({**settings, "secure-aggregation": True})
+    _, (mean,), row = one_round(cfg, tmp_path / "secure", nodes=3)
+    assert (row["clients"], row["failures"]) == (3, 0)
+    total = sum(u.num_examples for u in updates)
+    exact = sum(u.payload["update"].astype(np.float64) * (u.num_examples / total) for u in updates)
+    bound = quantization_error(3, total / cfg.local_batch_size)
+    assert np.abs(mean.payload["update"] - exact).max() <= bound + 1e-6 * np.abs(exact).max()
+
+
+def test_fetchsgd_nodes_clip_by_the_norm_their_sketches_estimate(tmp_path: Path) -> None:
+    cfg = RunConfig.from_mapping({**SETTINGS, "clip-norm": 0.01, "secure-aggregation": True})
+    strat, (clipped,), _ = one_round(cfg, tmp_path, nodes=3)
+    _, (free,), _ = one_round(RunConfig.from_mapping({"clip-norm": 0.0}, base=cfg), tmp_path / "free", nodes=3)
+    estimate = sketch_norm(clipped.payload, strat.d, cfg.seed)
+    assert estimate <= 0.01 + np.sqrt(clipped.payload["table"].size) * quantization_error(3, 0.5)
+    assert sketch_norm(free.payload, strat.d, cfg.seed) > 10 * estimate

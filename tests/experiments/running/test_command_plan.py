@@ -5,6 +5,9 @@ The plan and its runner: ``experiments/running/command_plan.py``.
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import subprocess
 import sys
 import time
@@ -12,11 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from experiments.cli import main
+from experiments.flower import one_process, spare
 from experiments.flower.federation import Federation
 from experiments.flower.one_process import SPARE_LOG
-from experiments.running import runner
+from experiments.running import command_plan, runner
 from experiments.running.command_plan import Plan, PlannedRun
 from fedsketch.server import runlog
+from tests.experiments.tiny import tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 WATCHING_HALF = [
@@ -106,3 +112,68 @@ def test_run_as_a_program_watches_flower_from_the_same_pid_without_torch(tmp_pat
     assert SPARE_LOG in flower_log  # the simulation process started before the forecast went on across the exec
     plan_file = Path(cmdline[cmdline.index(b"run-plan") + 1].decode())
     assert not plan_file.exists()
+
+
+def _tiny_plan(tmp_path: Path) -> Plan:
+    runs = runner.load_experiment(tiny(tmp_path), {"out-dir": str(tmp_path / "runs")}).runs
+    return Plan.of(runs, Federation(num_supernodes=1), plot=False)
+
+
+def test_the_second_half_runs_the_plan_file_and_removes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(_tiny_plan(tmp_path).to_json(), encoding="utf-8")
+    assert main([command_plan.RUN_PLAN, str(path)]) == 0
+    assert not path.exists()
+    folder = tmp_path / "runs" / "tiny" / "fedavg"
+    assert f"fedavg seed 0: finished  ({folder})" in capsys.readouterr().out
+    assert (folder / "metrics.jsonl").read_text().count("\n") == 2
+    path.write_text("{", encoding="utf-8")
+    with pytest.raises(json.JSONDecodeError):
+        command_plan.read_plan(path)
+    assert not path.exists()  # removed once read, even when it could not be parsed
+
+
+def test_the_first_half_flushes_and_execs_the_second_on_a_plan_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command line it execs runs the plan (here as a child process)."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+    monkeypatch.setenv(spare.ENV, "[1, 2, []]")  # a stale description: no spare waits, so none is handed over
+    calls: list[list[str]] = []
+
+    def execv(path: str, argv: list[str]) -> None:
+        calls.append([path, *argv])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", execv)
+    print("validated", end="")
+    plan = _tiny_plan(tmp_path)
+    with pytest.raises(SystemExit):
+        command_plan.exec_run_plan(plan)
+    assert raw.getvalue() == b"validated" and spare.ENV not in os.environ
+    (path, *argv) = calls[0]
+    assert path == argv[0] == sys.executable
+    assert argv[1:5] == ["-c", command_plan._ENTRY, str(command_plan.APP_DIR), command_plan.RUN_PLAN]
+    plan_file = Path(argv[5])
+    assert plan_file.name.startswith("fedsketch-plan-") and plan_file.suffix == ".json"
+    assert Plan.from_json(plan_file.read_text(encoding="utf-8")) == plan
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "fedavg seed 0: finished" in done.stdout and not plan_file.exists()
+    assert (tmp_path / "runs" / "tiny" / "fedavg" / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_a_spare_simulation_process_is_started_only_for_runs_through_one_process() -> None:
+    try:
+        command_plan.start_spare(None, "superlink")
+        assert spare.waiting_pid() is None
+        command_plan.start_spare(None, "process")
+        assert spare.waiting_pid() is not None
+        assert spare.take(one_process.spare_key(command_plan.APP_DIR, "ray")) is None  # started for inprocess
+        command_plan.start_spare("ray", "process")
+        taken = spare.take(one_process.spare_key(command_plan.APP_DIR, "ray"))
+        assert taken is not None
+        taken.release()
+    finally:
+        spare.release()
