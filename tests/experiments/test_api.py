@@ -70,6 +70,15 @@ def test_a_function_no_other_process_can_import_is_pickled_by_value_once(tmp_pat
     _pickled(api.reference(lambda shape, n, seed: build(shape, n, seed), tmp_path), "lambda")
 
 
+@pytest.mark.parametrize(("name", "stem"), [("Build_Model2", "Build_Model2"), ("_private_", "private"), ("_", "input")])
+def test_a_pickled_functions_file_is_named_by_the_function(tmp_path: Path, name: str, stem: str) -> None:
+    def fn() -> None:
+        return None
+
+    fn.__module__, fn.__qualname__ = "__main__", f"outer.{name}"
+    _pickled(api.reference(fn, tmp_path), stem)
+
+
 @pytest.mark.parametrize(
     ("module", "qualname", "stem"),
     [
@@ -272,9 +281,10 @@ def test_a_run_that_stops_before_its_last_round_raises_and_keeps_the_others(
         return build(input_shape, num_classes, seed)
 
     with pytest.raises(
-        api.RunFailed, match=r"^fedavg seed 0 stopped before the last round \(see each run's flower.log\)$"
+        api.RunFailed,
+        match=r"^fedavg seed 0, fedavg seed 1 stopped before the last round \(see each run's flower.log\)$",
     ):
-        api.run(tiny(tmp_path), model=only_here, out=tmp_path, supernodes=1, num_rounds=1, plot=True)
+        api.run(tiny(tmp_path), model=only_here, out=tmp_path, supernodes=1, num_rounds=1, plot=True, seeds=2)
     assert f"no plots or report: no run under {tmp_path / 'tiny'} has metrics" in capsys.readouterr().out
     assert "this builder works only in the test's process" in (tmp_path / "tiny" / "fedavg" / "flower.log").read_text()
 
