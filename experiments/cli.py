@@ -132,8 +132,13 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser, example_rounds: i
         help=f"override a run setting, e.g. --set num-rounds={example_rounds} (repeatable)",
     )
     parser.add_argument("--seeds", type=int, help="number of seeds per strategy (overrides [compare] seeds)")
-    parser.add_argument("--strategies", help="comma-separated strategies (overrides [compare] strategies)")
+    parser.add_argument("--strategies", type=_names, help="comma-separated strategies (overrides [compare] strategies)")
     parser.add_argument("--out", type=Path, default=Path(OUT), help=f"results folder (default: {OUT})")
+
+
+def _names(text: str) -> list[str] | None:
+    """``--strategies a,b``: the names; an empty value names none."""
+    return text.split(",") if text else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -146,9 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.as_program and flower.internals():  # the first run's simulation process, importing meanwhile
             command_plan.start_spare(args.backend, args.runtime)
-        strategies = args.strategies.split(",") if args.strategies else None
         overrides = runner.parse_overrides(args.overrides)
-        experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, strategies)  # all checked
+        experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, args.strategies)  # all checked
         _check_resumes(experiment.runs, args.restart)
         federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
         api.check_placement(experiment, federation)
@@ -186,10 +190,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not flower.internals():
         print(f"fedsketch: error: {PLAN_NEEDS}, and runs on Flower's public API only: {flower.public_only_reason()}")
         return 2
-    strategies = args.strategies.split(",") if args.strategies else None
     overrides = runner.parse_overrides(args.overrides)
     out = args.out.resolve()
-    experiment = api.prepare(args.config, overrides, out, args.seeds, strategies, hand_over=False)  # all checked
+    experiment = api.prepare(args.config, overrides, out, args.seeds, args.strategies, hand_over=False)  # all checked
     print(forecast.render(*forecast.forecast(experiment.runs, args.supernodes)))
     return 0
 
@@ -276,10 +279,9 @@ def _write_kit(args: argparse.Namespace) -> int:
 
     if not args.server:
         raise ConfigError("--kit needs --server HOST: the address devices use to reach the SuperLink")
-    strategies = args.strategies.split(",") if args.strategies else None
     config, overrides = args.config or runner.DEFAULT_CONFIG, runner.parse_overrides(args.overrides)
     try:
-        runs = kit_runs(args.supernodes, config, overrides, strategies, args.seeds, str(args.out))
+        runs = kit_runs(args.supernodes, config, overrides, args.strategies, args.seeds, str(args.out))
         check_runs(runs, here=False)  # they run on the devices, not here
         tracking.refuse_in_kit(runs)
         print(write_kit(args.kit, args.server, args.supernodes, args.port, runs))
@@ -303,9 +305,8 @@ def local_deployment(args: argparse.Namespace) -> tuple[Deployment, tuple[RunCon
         deployment = dc.Deployment(args.supernodes, tls=args.tls, auth=args.auth, isolation=isolation)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    strategies = args.strategies.split(",") if args.strategies else None
     settings, given = dc.node_settings(args.supernodes), runner.parse_overrides(args.overrides)
-    runs = api.prepare(args.config, {**settings, **given}, args.out.resolve(), args.seeds, strategies).runs
+    runs = api.prepare(args.config, {**settings, **given}, args.out.resolve(), args.seeds, args.strategies).runs
     runs = runs if "checkpoint-every" in given else dc.checkpointed(runs)
     _check_resumes(runs, args.restart)
     shown = " ".join(f"{k}={given.get(k, v)}" for k, v in settings.items())

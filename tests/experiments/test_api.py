@@ -20,7 +20,7 @@ from experiments.flower.federation import Federation
 from experiments.running import runner
 from fedsketch.data.handoff import INPUTS
 from fedsketch.settings.setting import ConfigError
-from tests.experiments.tiny import tiny
+from tests.experiments.tiny import plan_rows, tiny
 
 
 def build(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
@@ -203,16 +203,11 @@ def test_plan_says_what_each_run_will_send_and_writes_nothing(tmp_path: Path) ->
     assert sorted(tmp_path.iterdir()) == [tmp_path / "tiny.toml"]  # no run folder, no data handed over
 
 
-def _table(plan: str) -> list[str]:
-    """The plan's rows of bytes, without the line that says how long round 1 took."""
-    return plan[: plan.index("Round 1 of each run")].splitlines()
-
-
 def test_plan_bills_secure_aggregation_by_the_nodes_asked_for(tmp_path: Path) -> None:
     args = {"out": tmp_path, "secure_aggregation": True, "num_clients": 6, "clients_per_round": 6}
-    default = _table(api.plan(tiny(tmp_path), **args))
-    assert _table(api.plan(tiny(tmp_path), supernodes=2, **args)) == default
-    assert _table(api.plan(tiny(tmp_path), supernodes=3, **args)) != default
+    default = plan_rows(api.plan(tiny(tmp_path), **args))
+    assert plan_rows(api.plan(tiny(tmp_path), supernodes=2, **args)) == default
+    assert plan_rows(api.plan(tiny(tmp_path), supernodes=3, **args)) != default
 
 
 def test_plan_writes_data_objects_where_the_run_would_read_them(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""An experiment small enough to run for real in the fast tier: two rounds of four generated clients' data."""
+"""An experiment small enough to run for real in the fast tier: two rounds of four generated clients' data;
+and a plan's rows, to compare plans."""
 
 from __future__ import annotations
 
@@ -30,3 +31,8 @@ def tiny(folder: Path, text: str = TINY) -> Path:
     path = folder / "tiny.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def plan_rows(plan: str) -> list[str]:
+    """The rows of bytes of a plan as ``fedsketch plan`` prints it, without the line that says how long round 1 took."""
+    return plan[: plan.index("Round 1 of each run")].splitlines()

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from experiments.cli import _parser
+from tests.tools.settings_doc import write_or_check
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "command.md"
 HEADER = """# The `fedsketch` command
@@ -74,19 +75,7 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the page, or with ``--check`` say whether it is current."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/command.md is out of date")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
-        if current != text:
-            print(f"{PAGE} is out of date: run python -m tests.tools.command_doc", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text, encoding="utf-8")
-    print(PAGE)
-    return 0
+    return write_or_check(argv, PAGE, render(), "tests.tools.command_doc")
 
 
 if __name__ == "__main__":

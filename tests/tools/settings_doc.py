@@ -76,21 +76,26 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Rewrite the page, or with ``--check`` say whether it is current."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/settings.md is out of date")
+def write_or_check(argv: list[str] | None, page: Path, text: str, tool: str) -> int:
+    """A generated page's command: rewrite ``page`` with ``text``, or with ``--check`` say whether it is current
+    (exit 1 naming ``python -m tool`` if not)."""
+    parser = argparse.ArgumentParser(description=f"Write {page.name} (python -m {tool}).")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if {page.name} is out of date")
     args = parser.parse_args(argv)
-    text = render()
     if args.check:
-        current = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
+        current = page.read_text(encoding="utf-8") if page.exists() else ""
         if current != text:
-            print(f"{PAGE} is out of date: run python -m tests.tools.settings_doc", file=sys.stderr)
+            print(f"{page} is out of date: run python -m {tool}", file=sys.stderr)
             return 1
         return 0
-    PAGE.write_text(text, encoding="utf-8")
-    print(PAGE)
+    page.write_text(text, encoding="utf-8")
+    print(page)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the page, or with ``--check`` say whether it is current."""
+    return write_or_check(argv, PAGE, render(), "tests.tools.settings_doc")
 
 
 if __name__ == "__main__":
