@@ -238,18 +238,18 @@ def execute(experiment: Experiment, fed: Federation, plot: bool) -> int:
 def reference(fn: Callable[..., Any], out: Path) -> str:
     """A setting value that names ``fn`` in every process: ``module:qualname``, else a pickle of it under ``out``."""
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and module != "__main__" and "<" not in name:
+    if module and module != "__main__":
         try:
             target: Any = importlib.import_module(module)
             for part in name.split("."):
                 target = getattr(target, part)
+            if target is fn:
+                return f"{module}:{name}"
         except (ImportError, AttributeError):
-            target = None
-        if target is fn:
-            return f"{module}:{name}"
+            pass  # its name does not reach it (a local function, a lambda): by value
     import cloudpickle  # a function of __main__ or a notebook: by value
 
-    return str(_store(cloudpickle.dumps(fn), out, ".pkl", name.rsplit(".", 1)[-1] or "function"))
+    return str(_store(cloudpickle.dumps(fn), out, ".pkl", name.split(".")[-1] or "function"))
 
 
 def data_settings(data: Any, out: Path) -> dict[str, Any]:

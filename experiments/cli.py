@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from experiments.running import command_plan
 from experiments.running.command_plan import OUT, RUN_PLAN, SUPERNODES
 from fedsketch.settings.setting import ConfigError
 
@@ -144,29 +145,37 @@ def _names(text: str) -> list[str] | None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
     from bridge import flower
-    from experiments import api
     from experiments.flower import spare
-    from experiments.running import command_plan, forecast, runner
+    from experiments.running import command_plan
 
     try:
         if args.as_program and flower.internals():  # the first run's simulation process, importing meanwhile
             command_plan.start_spare(args.backend, args.runtime)
-        overrides = runner.parse_overrides(args.overrides)
-        experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, args.strategies)  # all checked
-        _check_resumes(experiment.runs, args.restart)
-        federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
-        api.check_placement(experiment, federation)
-        validated = command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
-        todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
-        if todo and not args.no_plan and flower.internals():  # one in-process round per run: each one's bytes
-            print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
-        elif todo and not args.no_plan:
-            print(f"fedsketch: no byte plan: {PLAN_NEEDS} ({flower.public_only_reason()})", flush=True)
+        validated = simulation_plan(args)
         if args.as_program:
             command_plan.exec_run_plan(validated)  # the same pid goes on as `run-plan`, without torch
         return command_plan.run_plan(command_plan.Plan.from_json(validated.to_json()))
     finally:
         spare.release()
+
+
+def simulation_plan(args: argparse.Namespace) -> command_plan.Plan:
+    """``run``'s runs and the federation they run on, each checked, and their byte plan printed; nothing is started."""
+    from bridge import flower
+    from experiments import api
+    from experiments.running import forecast, runner
+
+    overrides = runner.parse_overrides(args.overrides)
+    experiment = api.prepare(args.config, overrides, args.out.resolve(), args.seeds, args.strategies)  # all checked
+    _check_resumes(experiment.runs, args.restart)
+    federation = api.federation(args.supernodes, args.gpus_per_node, args.backend, args.runtime)
+    api.check_placement(experiment, federation)
+    todo = [cfg for cfg in experiment.runs if not runner.is_finished(cfg)]
+    if todo and not args.no_plan and flower.internals():  # one in-process round per run: each one's bytes
+        print(forecast.render(*forecast.forecast(todo, federation.num_supernodes)), flush=True)
+    elif todo and not args.no_plan:
+        print(f"fedsketch: no byte plan: {PLAN_NEEDS} ({flower.public_only_reason()})", flush=True)
+    return command_plan.Plan.of(experiment.runs, federation, plot=not args.no_plot)
 
 
 def _check_resumes(runs: Sequence[RunSpec], restart: bool) -> None:

@@ -52,10 +52,10 @@ class _Reporter(logging.Handler):
 
     def __init__(self, fd: int) -> None:
         super().__init__(logging.INFO)
-        self.fd = fd
+        self.fd: int | None = fd
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.fd < 0:
+        if self.fd is None:
             return
         if record.msg == JOINED_LOG and isinstance(record.args, tuple) and record.args:
             report: dict[str, object] = {"node": int(str(record.args[0]))}
@@ -68,7 +68,7 @@ class _Reporter(logging.Handler):
         try:
             os.write(self.fd, (json.dumps(report) + "\n").encode())
         except OSError:  # the launcher no longer listens: nothing more to tell
-            self.fd = -1
+            self.fd = None
 
 
 def report_joining(fd: int) -> logging.Handler:

@@ -27,8 +27,6 @@ from collections.abc import Callable
 
 GRID = "flwr.superlink.grid.http_grid"
 SUPERNODE = "flwr.supernode.start_client_internal"
-FLOWER_FIRST_S = 1.0
-"""Flower's first wait before asking again for an object that was not there (``PULL_INITIAL_BACKOFF``)."""
 CAP_S = 0.25
 """The longest wait between asks for one object: each costs the SuperLink one ``PullObject`` request."""
 
@@ -57,15 +55,3 @@ def install(module: str, first_s: float) -> None:
     if current is not flower and getattr(current, "func", None) is not flower:
         raise RuntimeError(f"{module}.pull_objects is not Flower's pull_objects; this Flower is not the one expected")
     setattr(target, "pull_objects", functools.partial(flower, initial_backoff=first_s, backoff_cap=CAP_S))  # noqa: B010
-
-
-def uninstall(module: str) -> None:
-    """Flower's own ``pull_objects`` in ``module`` again."""
-    target = importlib.import_module(module)
-    setattr(target, "pull_objects", _flower_pull_objects())  # noqa: B010
-
-
-def first_retry_s(module: str) -> float:
-    """The first wait before ``module`` asks again for an object: Flower's, or the one installed."""
-    current = importlib.import_module(module).pull_objects
-    return float(current.keywords["initial_backoff"]) if isinstance(current, functools.partial) else FLOWER_FIRST_S

@@ -148,13 +148,6 @@ class LocalFederation:
                 raise RuntimeError(f"flwr supernode register {keys[i].public} failed ({call.returncode}): {out}{err}")
             self.keys[i] = keys[i]
 
-    def kill_supernode(self, partition_id: int) -> None:
-        """SIGKILL a SuperNode and its ClientApps, as a device that loses power would stop."""
-        proc = self.procs.pop(f"supernode-{partition_id}")
-        signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
-        proc.wait()
-        procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{partition_id}"), 5.0)
-
     def restart_supernodes(self) -> None:
         """Stop every SuperNode, wait until the SuperLink has dropped them, start them again and wait for them.
 
@@ -344,6 +337,9 @@ def run_all(deployment: Deployment, runs: Sequence[RunConfig], plot: bool) -> in
     exp_dir = runlog.experiment_dir(runs[0])
     n = deployment.num_supernodes
     with stopping.Invocation("deploy") as invocation:
+        if all(runner.is_finished(cfg) for cfg in runs):
+            print(f"every run is finished: no SuperLink or SuperNode ({n}) started")
+            return conclude(runner.run_all(runs, _nothing_to_run), invocation, exp_dir, plot=plot)
         print(f"starting a SuperLink and {n} SuperNodes; logs in {exp_dir / 'deployment' / 'logs'}")
         with LocalFederation(deployment, exp_dir / "deployment") as fed, make_progress() as progress:
 
@@ -365,3 +361,7 @@ def run_all(deployment: Deployment, runs: Sequence[RunConfig], plot: bool) -> in
 
             results = runner.run_all(runs, execute)
     return conclude(results, invocation, exp_dir, plot=plot)
+
+
+def _nothing_to_run(cfg: RunConfig, path: Path) -> int:
+    raise RuntimeError(f"{path}: a finished run would run again")

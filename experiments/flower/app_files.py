@@ -90,13 +90,10 @@ def stage_app(app_dir: Path, dest: Path, clientapp: str | None = None) -> Path:
             if not path.is_symlink():
                 files[(rel / name).as_posix()] = path
     shutil.rmtree(dest, ignore_errors=True)
-    for rel_path, source in filter_paths_for_publish(files).items():
+    for rel_path in filter_paths_for_publish(files):  # the paths it was given that it keeps
         target = dest / rel_path
         target.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(source, bytes):
-            target.write_bytes(source)
-        else:
-            shutil.copyfile(source, target)
+        shutil.copyfile(files[rel_path], target)
     if clientapp is not None:
         pyproject = dest / "pyproject.toml"
         text, found = COMPONENT.subn(f'clientapp = "{clientapp}"', pyproject.read_text(encoding="utf-8"))

@@ -90,7 +90,7 @@ def gpus_per_node(num_supernodes: int, requested: float | None, visible_gpus: in
         wait forever for a GPU to place the workers on).
     """
     if requested is None:
-        return 0.0 if visible_gpus == 0 else min(1.0, visible_gpus / num_supernodes)
+        return min(1.0, visible_gpus / num_supernodes)
     if requested < 0:
         raise ValueError(f"--gpus-per-node must be >= 0; got {requested}")
     if requested > 0 and visible_gpus == 0:

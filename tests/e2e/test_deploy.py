@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from bridge.messages import client_metrics, payload_to_record, wire_bytes
 from experiments.cli import main as fedsketch_main
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.pki import make_node_keys
-from experiments.flower.flower_procs import stop_group
+from experiments.flower import procs
+from experiments.flower.flower_procs import signal_group, stop_group
 from experiments.running import runner
 from fedsketch.config import RunConfig
 from tests.listening import ListeningWatch, off_loopback
@@ -113,6 +115,14 @@ def test_supernode_with_an_unregistered_key_is_refused(tmp_path: Path, no_leftov
     assert not _processes_in(tmp_path)
 
 
+def _kill_supernode(fed: LocalFederation, partition_id: int) -> None:
+    """SIGKILL a SuperNode and its ClientApps, as a device that loses power would stop."""
+    proc = fed.procs.pop(f"supernode-{partition_id}")
+    signal_group(proc, signal.SIGKILL)  # no goodbye to the SuperLink
+    proc.wait()
+    procs.stop_carrying("FLWR_HOME", str(fed.work_dir / "nodes" / f"node-{partition_id}"), 5.0)
+
+
 def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_restart(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
@@ -146,7 +156,7 @@ def test_a_supernode_killed_mid_round_is_tolerated_and_takes_part_again_after_re
 
         def chaos() -> None:  # called every 0.05 s while the run goes on
             if not starts and fed.log("supernode-2").read_text().count("Received successfully") == 2:
-                fed.kill_supernode(2)  # it holds round 2's message: that reply never comes
+                _kill_supernode(fed, 2)  # it holds round 2's message: that reply never comes
                 starts.append(time.monotonic())
                 fed.start_supernode(2)  # same key, so the same node id
             elif starts and fed.procs["supernode-2"].poll() is not None and time.monotonic() - starts[-1] > 3.0:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 import re
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from experiments import api
-from experiments.flower.federation import Federation
+from experiments.flower.federation import Federation, cpus_per_node
 from experiments.running import runner
 from fedsketch.data.handoff import INPUTS
 from fedsketch.settings.setting import ConfigError
@@ -70,13 +72,20 @@ def test_a_function_no_other_process_can_import_is_pickled_by_value_once(tmp_pat
     _pickled(api.reference(lambda shape, n, seed: build(shape, n, seed), tmp_path), "lambda")
 
 
-@pytest.mark.parametrize(("name", "stem"), [("Build_Model2", "Build_Model2"), ("_private_", "private"), ("_", "input")])
+@pytest.mark.parametrize(
+    ("name", "stem"), [("Build_Model2", "Build_Model2"), ("_private_", "private"), ("_", "input"), ("X_X", "X_X")]
+)
 def test_a_pickled_functions_file_is_named_by_the_function(tmp_path: Path, name: str, stem: str) -> None:
     def fn() -> None:
         return None
 
     fn.__module__, fn.__qualname__ = "__main__", f"outer.{name}"
     _pickled(api.reference(fn, tmp_path), stem)
+
+
+def test_a_callable_without_a_module_or_a_qualified_name_is_pickled(tmp_path: Path) -> None:
+    _pickled(api.reference((1).__add__, tmp_path), "add")  # a builtin's method: no __module__
+    _pickled(api.reference(operator.itemgetter(0), tmp_path), "function")  # an instance: no __qualname__
 
 
 @pytest.mark.parametrize(
@@ -89,11 +98,15 @@ def test_a_pickled_functions_file_is_named_by_the_function(tmp_path: Path, name:
         ("tests.experiments.test_api", "", "function"),
     ],
 )
-def test_a_function_its_name_does_not_reach_is_pickled(tmp_path: Path, module: str, qualname: str, stem: str) -> None:
+def test_a_function_its_name_does_not_reach_is_pickled(
+    tmp_path: Path, module: str, qualname: str, stem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def fn(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
         return build(input_shape, num_classes, seed)
 
     fn.__module__, fn.__qualname__ = module, qualname
+    if module == "__main__":  # a script's own: there, its name reaches it; in Flower's processes, not
+        monkeypatch.setattr(sys.modules["__main__"], qualname, fn, raising=False)
     _pickled(api.reference(fn, tmp_path), stem)
 
 
@@ -152,12 +165,13 @@ def test_a_federation_is_checked_and_built_from_the_arguments() -> None:
     fed = api.federation(3, None, "inprocess", "superlink")
     assert fed == Federation(
         num_supernodes=3,
-        cpus_per_client=fed.cpus_per_client,
+        cpus_per_client=cpus_per_node(3),  # the machine's cores split over the nodes
         gpus_per_client=0.0,
         backend="inprocess",
         runtime="superlink",
     )
-    assert api.federation(1, None).backend == "inprocess" and api.federation(1, None).runtime == "process"
+    one = api.federation(1, None)
+    assert (one.backend, one.runtime, one.cpus_per_client) == ("inprocess", "process", cpus_per_node(1))
     with pytest.raises(ConfigError, match="supernodes must be at least 1; got 0"):
         api.federation(0, None)
     with pytest.raises(ConfigError, match="backend must be one of inprocess, ray; got 'threads'"):
@@ -174,6 +188,28 @@ def test_a_device_the_backends_workers_cannot_see_is_refused(tmp_path: Path) -> 
     api.check_placement(one_on_gpu, Federation(num_supernodes=2))  # in one process the command's GPUs are seen
     with pytest.raises(ConfigError, match="setting 'device' is 'cuda:1' but under the Ray backend"):
         api.check_placement(one_on_gpu, ray)
+
+
+def test_prepare_reads_the_embedded_default_and_says_what_the_regime_map_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert api.prepare(None, {"num-rounds": 1}, tmp_path, strategies=["fedavg"]).runs[0].experiment == "default"
+    capsys.readouterr()
+    api.prepare(tiny(tmp_path), {"sketch-cols": 10, "k": 10}, tmp_path / "out", strategies=["fetchsgd"])
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("fedsketch: warning: fetchsgd seed 0: a 1 x 10 sketch is 10 counters for d = 1,418")
+
+
+def test_prepare_hands_the_data_it_loaded_to_the_runs_unless_told_they_will_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedsketch.data import handoff
+
+    settings = {"dataset": f"{__name__}:{_loader.__name__}", "partition": "iid"}
+    api.prepare(tiny(tmp_path), settings, tmp_path / "planned", hand_over=False)
+    assert not os.environ.get(handoff.ENV) and "Flower's processes read it" not in capsys.readouterr().out
+    api.prepare(tiny(tmp_path), settings, tmp_path / "run")
+    assert os.environ.get(handoff.ENV) and "Flower's processes read it from" in capsys.readouterr().out
 
 
 def test_prepare_checks_every_run_and_says_what_it_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -216,12 +252,21 @@ def test_plan_writes_data_objects_where_the_run_would_read_them(tmp_path: Path) 
     assert written.suffix == ".npz"
 
 
+def _unstopped(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """``api.run`` with no signal sent: a ``KeyboardInterrupt`` from it fails the test (pytest would take it for
+    the user's Ctrl-C and stop)."""
+    try:
+        return api.run(*args, **kwargs)
+    except KeyboardInterrupt:
+        pytest.fail("api.run raised KeyboardInterrupt though no signal stopped its runs")
+
+
 def test_run_trains_through_flower_and_returns_every_runs_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # results go to ./runs unless told
     config, data = tiny(tmp_path), _arrays(ids=True)
-    rows = api.run(config, model=build, data=data, strategies=["fetchsgd"], seeds=2, eval_every=1)
+    rows = _unstopped(config, model=build, data=data, strategies=["fetchsgd"], seeds=2, eval_every=1)
     assert [(row["strategy"], row["seed"], row["round"]) for row in rows] == [
         ("fetchsgd", 0, 1),
         ("fetchsgd", 0, 2),
@@ -233,7 +278,7 @@ def test_run_trains_through_flower_and_returns_every_runs_rows(
     assert (exp / "fetchsgd" / "seed1" / "metrics.jsonl").is_file()
     assert not (exp / "report.md").exists()  # no plots or report unless asked
     assert "fetchsgd seed 1: finished" in capsys.readouterr().out
-    again = api.run(config, model=build, data=data, strategies=["fetchsgd"], seeds=2, plot=True)
+    again = _unstopped(config, model=build, data=data, strategies=["fetchsgd"], seeds=2, plot=True)
     assert again == rows  # finished: not run again, the same rows
     assert (exp / "report.md").is_file()
 
@@ -258,10 +303,10 @@ def test_run_refuses_what_cannot_run_before_anything_starts(
 
 def test_a_checkpoint_of_other_settings_is_refused_unless_restart(tmp_path: Path) -> None:
     config, args = tiny(tmp_path), {"out": tmp_path, "supernodes": 1, "num_rounds": 1, "checkpoint_every": 1}
-    assert len(api.run(config, **args)) == 1
+    assert len(_unstopped(config, **args)) == 1
     with pytest.raises(ConfigError, match="add --restart to delete it and start over"):
         api.run(config, client_lr=0.2, **args)
-    rows = api.run(config, client_lr=0.2, restart=True, **args)
+    rows = _unstopped(config, client_lr=0.2, restart=True, **args)
     assert len(rows) == 1 and (tmp_path / "tiny" / "fedavg" / "config.json").read_text().count('"client-lr": 0.2') == 1
 
 
@@ -279,7 +324,7 @@ def test_a_run_that_stops_before_its_last_round_raises_and_keeps_the_others(
         api.RunFailed,
         match=r"^fedavg seed 0, fedavg seed 1 stopped before the last round \(see each run's flower.log\)$",
     ):
-        api.run(tiny(tmp_path), model=only_here, out=tmp_path, supernodes=1, num_rounds=1, plot=True, seeds=2)
+        _unstopped(tiny(tmp_path), model=only_here, out=tmp_path, supernodes=1, num_rounds=1, plot=True, seeds=2)
     assert f"no plots or report: no run under {tmp_path / 'tiny'} has metrics" in capsys.readouterr().out
     assert "this builder works only in the test's process" in (tmp_path / "tiny" / "fedavg" / "flower.log").read_text()
 

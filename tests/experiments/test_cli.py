@@ -8,6 +8,7 @@ entry point for its usage and wrong arguments.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import signal
@@ -15,19 +16,19 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from experiments import api
 from experiments.api import reference
-from experiments.cli import _parser, local_deployment, main
+from experiments.cli import _parser, local_deployment, main, simulation_plan
 from experiments.deployment.deploy_commands import Deployment
-from experiments.flower.app_files import check_app_config
 from experiments.flower.one_process import SPARE_LOG
-from experiments.running.command_plan import APP_DIR
-from fedsketch.config import RunConfig
+from experiments.running.command_plan import APP_DIR, Plan, run_plan
 from fedsketch.server import runlog
 from fedsketch.settings.setting import ConfigError
 from tests.experiments.tiny import plan_rows, tiny
@@ -110,18 +111,6 @@ def test_plan_and_run_refuse_an_app_config_that_lacks_a_setting(
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_setting_missing_from_the_apps_config_is_named_before_anything_starts(tmp_path: Path) -> None:
-    """Flower would refuse it inside its own process; the check names it, and a key no setting declares."""
-    keys = RunConfig().to_mapping()
-    check_app_config(APP_DIR, keys)  # the app's own table is complete
-    text = (APP_DIR / "pyproject.toml").read_text(encoding="utf-8")
-    (tmp_path / "pyproject.toml").write_text(text.replace("\nqsgd-levels = ", "\nunknown-levels = "), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"\[tool.flwr.app.config\] lacks qsgd-levels; every setting needs a line"):
-        check_app_config(tmp_path, keys)
-    with pytest.raises(ConfigError, match=r"lists unknown-levels, which no setting declares"):
-        check_app_config(tmp_path, [key for key in keys if key != "qsgd-levels"])
-
-
 def test_the_python_api_refuses_fewer_than_one_node() -> None:
     from experiments.api import federation
 
@@ -160,19 +149,24 @@ def test_the_help_keeps_the_line_breaks_of_its_description(
     assert text and all(line in out.splitlines() for line in text.splitlines())
 
 
+@pytest.fixture(autouse=True)
 def _never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Called as a function, the command goes on in this process: it must never replace it."""
+    """Called as a function, the command goes on in this process: it must never replace or end it (the test
+    runner)."""
 
     def execv(path: str, argv: list[str]) -> None:
         raise AssertionError(f"the command replaced the calling process with {argv}")
 
+    def exit_now(code: int) -> None:
+        raise AssertionError(f"the command ended the calling process with exit code {code}")
+
     monkeypatch.setattr(os, "execv", execv)
+    monkeypatch.setattr(os, "_exit", exit_now)
 
 
 def test_run_plans_runs_plots_and_reports_then_plot_and_report_read_the_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _never_exec(monkeypatch)
     config, out = tiny(tmp_path), tmp_path / "runs"
     assert main(["run", str(config), "--out", str(out), "--supernodes", "1", "--strategies", "fedavg,fetchsgd"]) == 0
     said = capsys.readouterr().out
@@ -180,7 +174,9 @@ def test_run_plans_runs_plots_and_reports_then_plot_and_report_read_the_folder(
     assert said.startswith("fedsketch: ") and "Plan of tiny: 2 run(s)" in said
     for strategy in ("fedavg", "fetchsgd"):
         assert f"{strategy} seed 0: finished  ({exp / strategy})" in said
+        assert f"\n{strategy} seed 0: round 2/2  acc " in said  # each run's progress, as it goes
         assert (exp / strategy / "metrics.jsonl").read_text().count("\n") == 2
+    assert not [line for line in said.splitlines() if line.startswith(" " * 26)]  # no reason under a finished run
     plots = sorted(exp.glob("*.png"))
     assert len(plots) == 4 and all(f"plot: {p}" in said for p in plots)
     assert f"report: {exp / 'report.md'}\nverdict: At equal total bytes" in said
@@ -195,13 +191,73 @@ def test_run_plans_runs_plots_and_reports_then_plot_and_report_read_the_folder(
     assert main(["plot", str(exp)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "note: fetchsgd: seed 0 interrupted (SIGINT) after round 2 of 5"
     (exp / "fetchsgd" / runlog.STATUS).unlink()
+    with (exp / "fedavg" / "flower.log").open("a") as log:  # as an earlier, failed attempt would have left it
+        log.write("RuntimeError: an earlier attempt failed\n")
     assert main(["run", str(config), "--out", str(out), "--supernodes", "1", "--no-plan", "--no-plot"]) == 0
     said = capsys.readouterr().out
     assert "Plan of" not in said and "plot:" not in said and "fedavg seed 0: already finished" in said
+    assert "an earlier attempt failed" not in said  # only a failed run's outcome gets its log's last error
     assert SPARE_LOG not in (exp / "fedavg" / "flower.log").read_text()  # no spare process in a function call
     assert main(["run", str(config), "--out", str(out), "--supernodes", "1", "--no-plot"]) == 0
     said = capsys.readouterr().out
     assert "Plan of" not in said and "byte plan" not in said  # every run finished: nothing to plan
+
+
+def test_an_empty_strategies_value_names_none() -> None:
+    assert _parser().parse_args(["run", "--strategies", ""]).strategies is None  # the file's [compare] strategies
+    assert _parser().parse_args(["run", "--strategies", "fedavg,fetchsgd"]).strategies == ["fedavg", "fetchsgd"]
+
+
+def test_run_decides_its_runs_and_federation_and_prints_the_plan_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = ["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "3", "--seeds", "2"]
+    plan = simulation_plan(_parser().parse_args([*common, "--backend", "ray", "--runtime", "superlink", "--no-plot"]))
+    assert [(run.settings["strategy"], run.settings["seed"]) for run in plan.runs] == [("fedavg", 0), ("fedavg", 1)]
+    fed = plan.federation
+    assert (fed.num_supernodes, fed.backend, fed.runtime, plan.plot) == (3, "ray", "superlink", False)
+    assert "Plan of tiny: 2 run(s)" in capsys.readouterr().out and not (tmp_path / "runs" / "tiny").exists()
+    plan = simulation_plan(_parser().parse_args([*common, "--no-plan"]))
+    assert (plan.federation.backend, plan.federation.runtime, plan.plot) == ("inprocess", "process", True)
+    assert "Plan of" not in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--gpus-per-node must be >= 0; got -0.5"):
+        simulation_plan(_parser().parse_args([*common, "--gpus-per-node", "-0.5"]))
+    monkeypatch.setenv("FEDSKETCH_PUBLIC_FLOWER", "1")
+    plan = simulation_plan(_parser().parse_args(common))
+    assert (plan.federation.backend, plan.federation.runtime) == ("ray", "superlink")
+    said = capsys.readouterr().out.splitlines()
+    assert said[-2] == (
+        "fedsketch: on Flower's public API only (FEDSKETCH_PUBLIC_FLOWER is set): each run goes through flwr run "
+        "and a SuperLink, on Flower's Ray backend, with Flower's own waits"
+    )
+    assert said[-1] == (
+        "fedsketch: no byte plan: the byte plan runs a round in this process, which needs Flower internals "
+        "(bridge/flower.py) (FEDSKETCH_PUBLIC_FLOWER is set)"
+    )
+
+
+def test_the_plan_or_why_there_is_none_is_out_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Printed to a pipe or a file, the plan is flushed at once: the runs that follow take minutes."""
+    args = _parser().parse_args(["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "1"])
+    for public in ("0", "1"):
+        monkeypatch.setenv("FEDSKETCH_PUBLIC_FLOWER", public)
+        raw = io.BytesIO()
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+        simulation_plan(args)
+        said = raw.getvalue().decode()
+        assert ("Plan of tiny: 1 run(s)" if public == "0" else "fedsketch: no byte plan: ") in said, said
+    monkeypatch.setenv("FEDSKETCH_PUBLIC_FLOWER", "0")
+    secure = ["--set", "secure-aggregation=true", "--set", "num-clients=6", "--set", "clients-per-round=6"]
+    plans = []
+    for nodes in ("2", "3"):  # secure aggregation bills by nodes: the plan is of the nodes the run will have
+        raw = io.BytesIO()
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))
+        run = ["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", nodes, *secure]
+        simulation_plan(_parser().parse_args(run))
+        plans.append(plan_rows(raw.getvalue().decode()))
+    assert plans[0] != plans[1]
 
 
 def test_a_checkpoint_of_other_settings_is_refused_or_with_restart_deleted(
@@ -298,23 +354,40 @@ def _program(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
+def _notes_whether_it_is_tracked(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """A model builder that notes, where it runs, whether the running command tracks this process by its pid."""
+    state = Path(os.environ["FEDSKETCH_STATE_DIR"])
+    also = [json.loads(p.read_text())["also"] for p in (state / "invocations").glob("*.json")]
+    state.mkdir(parents=True, exist_ok=True)  # before the command runs: its checks build the model too
+    with (state / "tracked.txt").open("a") as f:
+        f.write(f"{os.getpid()} {any(str(os.getpid()) in pids for pids in also)}\n")
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
+
+
 def test_run_as_the_program_hands_its_plan_and_spare_process_to_its_second_half(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same pid validates, execs ``run-plan`` and runs the first run in the spare simulation process."""
+    """The same pid validates, execs ``run-plan`` and runs the first run in the spare simulation process, which
+    it tracks by its pid: the spare was forked before the command's token existed, and is stopped with it."""
     assert main(["run", str(tmp_path / "missing.toml"), "--no-plan"]) == 2  # the command, in this process too
+    here = ["run", str(tiny(tmp_path)), "--out", str(tmp_path / "here"), "--supernodes", "1", "--no-plan", "--no-plot"]
+    assert main(here) == 0  # and its second half: no spare process to track in a function call
     capsys.readouterr()
-    out = tmp_path / "runs"
-    proc = _program(tmp_path, "run", str(tiny(tmp_path)), "--out", str(out), "--supernodes", "1", "--no-plot")
+    out, state = tmp_path / "runs", tmp_path / "state"
+    monkeypatch.setenv("FEDSKETCH_STATE_DIR", str(state))
+    model = f'model="{__name__}:{_notes_whether_it_is_tracked.__name__}"'
+    args = ["run", str(tiny(tmp_path)), "--out", str(out), "--supernodes", "1", "--no-plot", "--set", model]
+    proc = _program(tmp_path, *args)
     assert proc.wait(timeout=300) == 0, (tmp_path / "command.log").read_text()[-3000:]
     said = (tmp_path / "command.log").read_text()
     assert "Plan of tiny: 1 run(s)" in said and f"fedavg seed 0: finished  ({out / 'tiny' / 'fedavg'})" in said
     assert SPARE_LOG in (out / "tiny" / "fedavg" / "flower.log").read_text()
+    assert (state / "tracked.txt").read_text().splitlines()[-1].endswith(" True")  # the run's process: the spare
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_program_stopped_by_a_signal_exits_with_its_code(
-    tmp_path: Path, signum: int, code: int, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, signum: int, code: int, capsys: pytest.CaptureFixture[str], no_leftover_processes: None
 ) -> None:
     """Its Flower process signals the command once (a model builder that does so where it runs there)."""
     pid_file = tmp_path / "command.pid"
@@ -338,6 +411,34 @@ def test_a_program_stopped_by_a_signal_exits_with_its_code(
     assert proc.wait(timeout=300) == code, (tmp_path / "command.log").read_text()[-3000:]
     said = (tmp_path / "command.log").read_text()
     assert f"fedsketch: stopped by {signal.Signals(signum).name}" in said
+
+
+def _interrupted() -> tuple[Any, ...]:
+    """A user's data loader stopped by Ctrl-C while the command checks the runs."""
+    raise KeyboardInterrupt
+
+
+def test_a_command_stopped_in_this_process_returns_its_code_and_this_process_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Called as a function (not the program), a stopped command returns 130 / 143 and never exits the caller."""
+    loader = ["--set", f'dataset="{__name__}:{_interrupted.__name__}"', "--set", 'partition="iid"']
+    assert main(["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), *loader]) == 130  # nothing started
+    command = os.getpid()
+
+    def stops_the_command(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+        try:
+            if os.getpid() != command:  # in the run's Flower process, once: a second signal would force
+                (tmp_path / "signalled").touch(exist_ok=False)
+                os.kill(command, signal.SIGINT)
+        except FileExistsError:
+            pass
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
+
+    builder = reference(stops_the_command, tmp_path)
+    args = ["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "1", "--no-plan"]
+    assert main([*args, "--set", f'model="{builder}"', "--set", "num-rounds=50"]) == 130
+    assert "fedsketch: stopped by SIGINT" in capsys.readouterr().out
 
 
 def _deploy(*args: str) -> argparse.Namespace:
@@ -378,11 +479,31 @@ def test_deploy_decides_what_to_start_and_checks_every_run_before_starting_anyth
     assert "fedsketch: SuperNodes run Flower's own isolation, not the launcher" in capsys.readouterr().out
 
 
+def test_a_deployment_whose_runs_are_all_finished_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "2", "--strategies", "fedavg"]
+    _, runs = local_deployment(_deploy(*args))
+    assert run_plan(Plan.of(runs, api.federation(2, None), plot=False)) == 0  # run here, on the simulation
+    capsys.readouterr()
+    exp = tmp_path / "runs" / "tiny"
+    assert main(["deploy", *args, "--no-plot"]) == 0
+    said = capsys.readouterr().out
+    assert "every run is finished: no SuperLink or SuperNode (2) started\n" in said
+    assert f"fedavg seed 0: already finished  ({exp / 'fedavg'})" in said
+    assert not (exp / "deployment").exists() and not list(exp.glob("*.png"))
+    assert main(["deploy", *args]) == 0
+    assert len(list(exp.glob("*.png"))) == 4 and f"report: {exp / 'report.md'}" in capsys.readouterr().out
+
+
 def test_a_kit_may_ask_for_a_gpu_this_machine_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The devices run the kit's runs: their device is theirs to have, not this machine's."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
     args = ["deploy", str(tiny(tmp_path)), "--kit", str(tmp_path / "kit"), "--server", "10.0.0.1"]
+    with pytest.raises(SystemExit):
+        main([*args, "--port", "eighty"])
+    assert "argument --port: invalid int value: 'eighty'" in capsys.readouterr().err
     assert main([*args, "--set", 'device="cuda"']) == 0, capsys.readouterr().err
     assert tomllib.loads((tmp_path / "kit" / "admin" / "run_config.toml").read_text())["device"] == "cuda"
     assert main(["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--set", 'device="cuda"']) == 2

@@ -20,8 +20,6 @@ from bridge.flower import task_identity
 from bridge.runtime import object_pulls
 from clients.client_app import app as client_app
 from experiments.cli import main
-from experiments.flower.federation import Federation, cpus_per_node, gpus_per_node
-from experiments.flower.superlink_run import connection_toml
 from experiments.running.inprocess_grid import InProcessGrid
 from fedsketch.client.state import state_root
 from fedsketch.config import RunConfig
@@ -29,6 +27,7 @@ from fedsketch.server import runlog
 from fedsketch.settings.setting import ConfigError
 from strategies import server_app
 from strategies.server_app import poll_replies_sooner
+from tests.bridge.runtime import pulls
 from tests.federation import TestGrid
 
 
@@ -46,28 +45,6 @@ def test_other_grids_are_left_alone() -> None:
     before = vars(grid).copy()
     poll_replies_sooner(grid, 0.005)  # type: ignore[arg-type]
     assert vars(grid) == before
-
-
-def test_simulated_nodes_share_the_visible_gpus() -> None:
-    """Ray hides GPUs from workers that ask for none: on a GPU machine the nodes must ask for a share."""
-    assert gpus_per_node(4, None, visible_gpus=0) == 0.0
-    assert gpus_per_node(4, None, visible_gpus=1) == 0.25
-    assert gpus_per_node(2, None, visible_gpus=8) == 1.0
-    assert gpus_per_node(4, 0.5, visible_gpus=1) == 0.5
-    assert "num-gpus = 0.25" in connection_toml(Federation(num_supernodes=4, gpus_per_client=0.25), "127.0.0.1:1")
-    with pytest.raises(ValueError, match="no CUDA GPU is visible"):
-        gpus_per_node(2, 0.5, visible_gpus=0)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        gpus_per_node(2, -1.0, visible_gpus=1)
-
-
-def test_simulated_nodes_split_the_cores_so_each_has_one_worker_and_none_idles() -> None:
-    """Flower starts a ClientApp worker per ``num-cpus`` the machine holds, whatever the number of nodes."""
-    assert cpus_per_node(1, cores=2) == 2  # one worker, not one busy and one idle
-    assert cpus_per_node(2, cores=2) == 1
-    assert cpus_per_node(4, cores=2) == 1  # more nodes than cores: one CPU each, nodes wait for a worker
-    assert cpus_per_node(4, cores=16) == 4
-    assert "num-cpus = 2" in connection_toml(Federation(num_supernodes=1, cpus_per_client=2), "127.0.0.1:1")
 
 
 def test_fedsketch_run_refuses_a_gpu_share_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +68,7 @@ def _run_server_app(settings: dict[str, object], app: Callable[[Message, Context
         with task_identity():
             server_app.main(grid, context)  # type: ignore[arg-type]  # the grid serves what the strategy uses
     finally:
-        object_pulls.uninstall(object_pulls.GRID)  # it took this grid for a deployed one: Flower's own again
+        pulls.uninstall(object_pulls.GRID)  # it took this grid for a deployed one: Flower's own again
     return runlog.run_dir(RunConfig.from_mapping(settings))
 
 
@@ -148,12 +125,12 @@ def test_a_deployed_grid_asks_again_for_a_replys_missing_parts_sooner(monkeypatc
     try:
         for grid, first_s in ((deployed, 0.0), (simulation, 0.05)):  # told not to, or a lookup in this process
             server_app.retry_objects_sooner(grid, first_s)  # type: ignore[arg-type]
-            assert object_pulls.first_retry_s(object_pulls.GRID) == object_pulls.FLOWER_FIRST_S
+            assert pulls.first_retry_s(object_pulls.GRID) == pulls.FLOWER_FIRST_S
         monkeypatch.setenv(flower.SWITCH, "1")  # Flower's public API only: its own retries
         server_app.retry_objects_sooner(deployed, 0.05)  # type: ignore[arg-type]
-        assert object_pulls.first_retry_s(object_pulls.GRID) == object_pulls.FLOWER_FIRST_S
+        assert pulls.first_retry_s(object_pulls.GRID) == pulls.FLOWER_FIRST_S
         monkeypatch.delenv(flower.SWITCH)
         server_app.retry_objects_sooner(deployed, 0.05)  # type: ignore[arg-type]
-        assert object_pulls.first_retry_s(object_pulls.GRID) == 0.05
+        assert pulls.first_retry_s(object_pulls.GRID) == 0.05
     finally:
-        object_pulls.uninstall(object_pulls.GRID)
+        pulls.uninstall(object_pulls.GRID)

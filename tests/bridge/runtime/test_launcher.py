@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from logging import ERROR, INFO
 from pathlib import Path
-from typing import Any
 
 import pytest
-from flwr.common.logger import log as flower_log
 
 from bridge.runtime.forked import install_once
-from bridge.runtime.joining import Joining, exit_hint, report_joining, superlink_of, wait_joined
-from bridge.runtime.launcher import LauncherOptions, supernode_argv
-from bridge.runtime.link_probe import attempts_hint
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import superlink_command, supernode_command
 from experiments.deployment.pki import make_certificates
@@ -27,89 +19,6 @@ from experiments.flower.flower_procs import bin_path, flower_env, free_port, sto
 from experiments.flower.procs import stop_carrying
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def test_the_launcher_runs_the_supernode_with_process_isolation_on_its_port() -> None:
-    argv = supernode_argv(["flower-supernode", "--insecure", "--superlink", "h:1"], LauncherOptions(port=9200))
-    assert argv == [
-        "flower-supernode",
-        "--insecure",
-        "--superlink",
-        "h:1",
-        "--isolation",
-        "process",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "9200",
-    ]
-
-
-@pytest.mark.parametrize(
-    ("command", "reason"),
-    [
-        ([], "flower-supernode --superlink"),
-        (["flwr-clientapp"], "flower-supernode --superlink"),
-        (["flower-supernode", "--port", "9"], "remove ['--port']"),
-        (["flower-supernode", "--isolation=subprocess"], "remove ['--isolation=subprocess']"),
-    ],
-)
-def test_a_command_the_launcher_cannot_run_is_refused_with_the_reason(command: list[str], reason: str) -> None:
-    with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("]", r"\]")):
-        supernode_argv(command, LauncherOptions())
-    done = subprocess.run(
-        [sys.executable, "-m", "bridge.runtime.launcher", "--", *command],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2 and reason in done.stderr and "Traceback" not in done.stderr
-
-
-def test_bad_launcher_options_are_refused() -> None:
-    with pytest.raises(ValueError, match="--poll-s"):
-        LauncherOptions(poll_s=0)
-    with pytest.raises(ValueError, match="--port"):
-        LauncherOptions(port=70000)
-
-
-@pytest.mark.parametrize(
-    ("lines", "expected"),
-    [
-        ([(INFO, "Starting Flower SuperNode"), (INFO, "SuperNode ID: %s", 42)], Joining(node=42)),
-        (
-            [(ERROR, "Exit Code: 305\n[code: 2004] Failed")],
-            Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed"),
-        ),
-        ([(INFO, "SuperNode terminated gracefully.")], Joining()),
-    ],
-)
-def test_the_launcher_learns_from_the_supernodes_log_whether_it_joined(
-    lines: list[tuple[Any, ...]], expected: Joining
-) -> None:
-    read, write = os.pipe()
-    reporter = report_joining(write)
-    try:
-        for line in lines:
-            flower_log(*line)
-    finally:
-        logging.getLogger("flwr").removeHandler(reporter)
-        os.close(write)  # as when the SuperNode exits
-    assert wait_joined(read, lambda: True, 60.0, lambda: None) == expected
-    os.close(read)
-
-
-def test_a_refused_supernode_gets_a_hint_naming_the_likely_cause() -> None:
-    assert superlink_of(["flower-supernode", "--superlink", "10.0.0.1:8000"]) == "10.0.0.1:8000"
-    assert superlink_of(["flower-supernode", "--superlink=h:1"]) == "h:1"
-    assert "ssh-keygen -p" in str(exit_hint(Joining(flower_exit=302), "h:1"))
-    refused = str(exit_hint(Joining(flower_exit=305, message="Exit Code: 305\n[code: 2004] Failed to activate"), "h:1"))
-    assert "flwr supernode register" in refused and "h:1" in refused
-    tls = Joining(flower_exit=305, message="[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
-    assert "subjectAltName must name h (an IP: or DNS: entry)" in str(exit_hint(tls, "h:1"))
-    assert exit_hint(Joining(flower_exit=1), "h:1") is None and exit_hint(Joining(), "h:1") is None
 
 
 def test_a_fab_is_extracted_once_for_the_same_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,19 +179,6 @@ def test_a_plain_text_device_against_a_tls_superlink_is_told_so_within_30_s(
     assert f"attempts to reach the SuperLink at 127.0.0.1:{port} failed" in hint
     assert "this device connects in plain text (--insecure): give the SuperNode the CA certificate" in hint
     assert "launcher ready" not in log.read_text()
-
-
-def test_attempts_that_fail_against_nothing_ask_whether_the_superlink_runs_and_uses_tls() -> None:
-    """Nothing listens at the address: the launcher cannot tell a mismatch, and asks both questions."""
-    hint = attempts_hint(f"127.0.0.1:{free_port()}", device_tls=False, attempts=3)
-    assert "3 attempts to reach the SuperLink" in hint and "is the SuperLink using TLS?" in hint
-    assert "It is" not in hint and "This device connects in plain text (--insecure)" in hint
-
-
-def test_a_tls_device_against_a_plain_text_superlink_gets_a_hint_naming_it() -> None:
-    joining = Joining(flower_exit=305, message="Exit Code: 305\n[SSL: WRONG_VERSION_NUMBER] wrong version number")
-    hint = exit_hint(joining, "10.0.0.1:8000")
-    assert hint is not None and "does not answer in TLS, and this device connects with TLS" in hint
 
 
 @pytest.mark.slow

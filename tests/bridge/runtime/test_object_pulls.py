@@ -17,13 +17,14 @@ from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
 from bridge.runtime import object_pulls
 from fedsketch.config import ConfigError, RunConfig
+from tests.bridge.runtime import pulls
 
 
 @pytest.fixture(params=[object_pulls.GRID, object_pulls.SUPERNODE])
 def module(request: pytest.FixtureRequest) -> Iterator[str]:
     name = str(request.param)
     yield name
-    object_pulls.uninstall(name)
+    pulls.uninstall(name)
 
 
 def _missing_twice() -> tuple[list[float], object]:
@@ -39,18 +40,18 @@ def _missing_twice() -> tuple[list[float], object]:
 
 
 def test_install_shortens_the_retries_of_flowers_own_pull_objects(module: str) -> None:
-    assert object_pulls.first_retry_s(module) == object_pulls.FLOWER_FIRST_S
+    assert pulls.first_retry_s(module) == pulls.FLOWER_FIRST_S
     object_pulls.install(module, 0.01)
     installed = importlib.import_module(module).pull_objects
     assert isinstance(installed, functools.partial) and installed.func is inflatable_utils.pull_objects
     assert installed.keywords == {"initial_backoff": 0.01, "backoff_cap": object_pulls.CAP_S}
-    assert object_pulls.first_retry_s(module) == 0.01
+    assert pulls.first_retry_s(module) == 0.01
     asks, pull = _missing_twice()
     assert installed(["a" * 64], pull) == {"a" * 64: b"content"}
     assert len(asks) == 3 and asks[-1] - asks[0] < 0.5  # Flower's own: 1 s, then 2 s
     object_pulls.install(module, 0.02)  # installing again replaces, never stacks
     assert importlib.import_module(module).pull_objects.keywords["initial_backoff"] == 0.02
-    object_pulls.uninstall(module)
+    pulls.uninstall(module)
     assert importlib.import_module(module).pull_objects is inflatable_utils.pull_objects
 
 
@@ -58,6 +59,16 @@ def test_install_refuses_a_pull_objects_it_does_not_know(monkeypatch: pytest.Mon
     monkeypatch.setattr(importlib.import_module(module), "pull_objects", lambda *a, **k: {})
     with pytest.raises(RuntimeError, match="is not Flower's pull_objects"):
         object_pulls.install(module, 0.01)
+    with pytest.raises(RuntimeError, match=r"^json.pull_objects is not Flower's pull_objects; this Flower is not"):
+        object_pulls.install("json", 0.01)  # a module without one
+
+
+def test_the_longest_first_wait_is_allowed() -> None:
+    try:
+        object_pulls.install(object_pulls.GRID, object_pulls.CAP_S)
+        assert pulls.first_retry_s(object_pulls.GRID) == object_pulls.CAP_S
+    finally:
+        pulls.uninstall(object_pulls.GRID)
 
 
 @pytest.mark.parametrize("first", [0.0, -0.01, object_pulls.CAP_S * 2])
@@ -84,10 +95,10 @@ def test_the_serverapp_installs_it_only_in_a_deployment(monkeypatch: pytest.Monk
     sim = InMemoryGrid(LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()))
     try:
         retry_objects_sooner(sim, 0.01)
-        assert object_pulls.first_retry_s(object_pulls.GRID) == object_pulls.FLOWER_FIRST_S
+        assert pulls.first_retry_s(object_pulls.GRID) == pulls.FLOWER_FIRST_S
         retry_objects_sooner(object(), 0.0)  # type: ignore[arg-type]  # any grid that is not the simulation's
-        assert object_pulls.first_retry_s(object_pulls.GRID) == object_pulls.FLOWER_FIRST_S
+        assert pulls.first_retry_s(object_pulls.GRID) == pulls.FLOWER_FIRST_S
         retry_objects_sooner(object(), 0.01)  # type: ignore[arg-type]
-        assert object_pulls.first_retry_s(object_pulls.GRID) == 0.01
+        assert pulls.first_retry_s(object_pulls.GRID) == 0.01
     finally:
-        object_pulls.uninstall(object_pulls.GRID)
+        pulls.uninstall(object_pulls.GRID)

@@ -27,7 +27,6 @@ from bridge.flower import task_identity
 from bridge.runtime import simulation_backend
 from bridge.runtime.simulation_backend import RAY_MODULE, InProcessBackend, install, pickup_wait, worker_count
 from experiments.cli import main as fedsketch_main
-from experiments.flower.federation import default_backend
 from tests.conftest import ROOT, SESSION_TAG, flower_pids
 from tests.listening import ListeningWatch, off_loopback
 
@@ -227,11 +226,6 @@ def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(monke
     monkeypatch.setattr(vce_api, "add_messages_to_queue", other_loop)
     assert not simulation_backend.pick_up_sooner(vce_api)  # a changed engine keeps its own loop
     assert vce_api.add_messages_to_queue is other_loop
-
-
-def test_ray_is_the_default_only_where_a_ray_cluster_is_named() -> None:
-    assert default_backend({}) == "inprocess"
-    assert default_backend({"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray"
 
 
 TINY = [

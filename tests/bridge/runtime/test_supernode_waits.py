@@ -70,15 +70,29 @@ def test_install_patches_flowers_supernode_loop_and_keeps_its_push() -> None:
     push = module._push_messages
     try:
         clock = supernode_waits.install(Backoff(first=0.05))
-        assert module.time is clock
+        assert module.time is clock and clock.backoff == Backoff(first=0.05)
         assert module._push_messages is not push and module._push_messages.__wrapped__ is push
+        slept: list[float] = []
+        clock._sleep = slept.append  # type: ignore[method-assign]
+        with pytest.raises(TypeError):  # Flower's push, given nothing to push, after the clock heard of the reply
+            module._push_messages()
+        clock.sleep(supernode_waits.IDLE_S)
+        assert slept == [0.05]  # the next ask comes soon
     finally:
         _uninstall()
     assert module.time is time and module._push_messages is push
+    try:
+        assert supernode_waits.install().backoff == Backoff()
+    finally:
+        _uninstall()
 
 
 def test_install_refuses_a_loop_it_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
     module = importlib.import_module(supernode_waits.MODULE)
+    monkeypatch.delattr(module, "time")
+    with pytest.raises(RuntimeError, match="has not the loop this patch expects"):
+        supernode_waits.install()
+    monkeypatch.undo()
     monkeypatch.delattr(module, "_push_messages")
     with pytest.raises(RuntimeError, match="has not the loop this patch expects"):
         supernode_waits.install()

@@ -1,4 +1,5 @@
-"""experiments/flower/launch.py's stage_app: `flwr run` gets a copy of exactly the files Flower would put in the FAB."""
+"""experiments/flower/app_files.py: the app's config checked against the settings; `flwr run` gets a copy of exactly
+the files Flower would put in the FAB, and only the folders it would pack ship."""
 
 from __future__ import annotations
 
@@ -11,7 +12,19 @@ from pathlib import Path
 import pytest
 from flwr.cli.utils import collect_files, filter_paths_for_publish
 
-from experiments.flower.app_files import INPROCESS_CLIENTAPP, STAGED, stage_app, staged_app
+from bridge import flower
+from experiments.flower.app_files import (
+    INPROCESS_CLIENTAPP,
+    STAGED,
+    check_app_config,
+    clientapp_for,
+    ships,
+    stage_app,
+    staged_app,
+)
+from experiments.running.command_plan import APP_DIR
+from fedsketch.config import RunConfig
+from fedsketch.settings.setting import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -114,3 +127,68 @@ def test_a_run_folder_inside_the_app_is_not_staged_into_itself(tmp_path: Path) -
         "pkg/mod.py",
         "pyproject.toml",
     ]
+
+
+def test_a_setting_missing_from_the_apps_config_is_named_before_anything_starts(tmp_path: Path) -> None:
+    """Flower would refuse it inside its own process; the check names it, and a key no setting declares."""
+    keys = RunConfig().to_mapping()
+    check_app_config(APP_DIR, keys)  # the app's own table is complete
+    text = (APP_DIR / "pyproject.toml").read_text(encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text(text.replace("\nqsgd-levels = ", "\nunknown-levels = "), encoding="utf-8")
+    with pytest.raises(ConfigError) as lacks:
+        check_app_config(tmp_path, keys)
+    assert str(lacks.value) == (
+        f"{tmp_path / 'pyproject.toml'}: [tool.flwr.app.config] lacks qsgd-levels; every setting needs a line there "
+        "with its default (docs/extending.md)"
+    )
+    with pytest.raises(ConfigError) as lists:
+        check_app_config(tmp_path, [key for key in keys if key != "qsgd-levels"])
+    assert str(lists.value) == (
+        f"{tmp_path / 'pyproject.toml'}: [tool.flwr.app.config] lists unknown-levels, which no setting declares"
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nb = 1\nc = 2\n", encoding="utf-8")
+    check_app_config(tmp_path, ["c", "b"])
+    with pytest.raises(ConfigError, match=r"lacks a, d; every"):
+        check_app_config(tmp_path, ["d", "c", "b", "a"])
+    with pytest.raises(ConfigError, match=r"lists b, c, which"):
+        check_app_config(tmp_path, [])
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n", encoding="utf-8")
+    check_app_config(tmp_path, [])  # no table: no setting listed
+    with pytest.raises(ConfigError, match=r"lacks a; every"):
+        check_app_config(tmp_path, ["a"])
+
+
+def test_a_symlinked_folder_is_not_followed_and_the_refusal_names_the_apps_file(tmp_path: Path) -> None:
+    app, outside = tmp_path / "src", tmp_path / "outside"
+    (app / "pkg").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "far.py").write_text("X = 1\n")
+    (app / "pkg" / "mod.py").write_text("X = 1\n")
+    (app / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (app / "linked").symlink_to(outside, target_is_directory=True)
+    staged = stage_app(app, tmp_path / "app")
+    files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+    assert files == ["pkg/mod.py", "pyproject.toml"]
+    with pytest.raises(ValueError) as none:
+        stage_app(app, tmp_path / "again", INPROCESS_CLIENTAPP)
+    assert str(none.value) == f"{app / 'pyproject.toml'} names no one clientapp component to replace"
+
+
+def test_only_the_inprocess_backend_runs_another_clientapp() -> None:
+    assert clientapp_for("inprocess") == INPROCESS_CLIENTAPP and clientapp_for("ray") is None
+
+
+def test_a_folder_ships_when_it_lies_in_the_app_and_no_folder_on_its_way_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = tmp_path / "src"
+    (app / "runs" / "a" / "b").mkdir(parents=True)
+    (app / "kept" / "logs").mkdir(parents=True)
+    (app / ".gitignore").write_text("runs/\nlogs/\n")
+    assert ships(app, app / "kept") and ships(app, app / "kept" / ".." / "kept")
+    assert not ships(app, app / "runs") and not ships(app, app / "runs" / "a" / "b")  # below an ignored folder
+    assert not ships(app, app / "kept" / "logs") and not ships(app, tmp_path / "elsewhere")
+    (app / ".gitignore").write_text("runs/\n!runs/a/\n")  # git never looks inside a folder it ignores
+    assert not ships(app, app / "runs" / "a")
+    monkeypatch.setenv(flower.SWITCH, "1")  # without Flower's filter nothing shows it would be left out
+    assert ships(app, app / "runs") and not ships(app, tmp_path / "elsewhere")

@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from torch import nn
 
 from experiments.cli import main
 from experiments.flower import one_process, spare
@@ -131,6 +133,41 @@ def test_the_second_half_runs_the_plan_file_and_removes_it(tmp_path: Path, capsy
     with pytest.raises(json.JSONDecodeError):
         command_plan.read_plan(path)
     assert not path.exists()  # removed once read, even when it could not be parsed
+
+
+def _records_its_command(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """A model builder that, in the process the run trains in, notes the commands recorded as running."""
+    state = Path(os.environ["FEDSKETCH_STATE_DIR"])
+    running = [json.loads(p.read_text())["command"] for p in (state / "invocations").glob("*.json")]
+    (state / "running.json").write_text(json.dumps(running))
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
+
+
+def test_a_running_plan_is_recorded_as_fedsketch_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record names the command to whoever stops what it left after a SIGKILL (stopping.reap)."""
+    monkeypatch.setenv("FEDSKETCH_STATE_DIR", str(tmp_path / "state"))
+    model = f"{__name__}:{_records_its_command.__name__}"
+    overrides = {"out-dir": str(tmp_path / "runs"), "model": model, "num-rounds": 1}
+    runs = runner.load_experiment(tiny(tmp_path), overrides).runs
+    assert command_plan.run_plan(Plan.of(runs, Federation(num_supernodes=1), plot=False)) == 0
+    assert json.loads((tmp_path / "state" / "running.json").read_text()) == ["run"]
+
+
+WHY = "this model cannot be built " + "because " * 80  # longer than the 500 characters a reason line shows
+
+
+def _unbuildable(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    raise RuntimeError(WHY)
+
+
+def test_a_failed_run_makes_the_command_exit_1_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = {"out-dir": str(tmp_path / "runs"), "model": f"{__name__}:{_unbuildable.__name__}", "num-rounds": 1}
+    runs = runner.load_experiment(tiny(tmp_path), overrides).runs
+    assert command_plan.run_plan(Plan.of(runs, Federation(num_supernodes=1), plot=False)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("fedavg seed 0: failed"))
+    reason = lines[at + 1]  # under the outcome, indented past its label, cut at 500 characters
+    assert reason.startswith(" " * 26) and len(reason) == 26 + 500 and "this model cannot be built" in reason
 
 
 def test_the_first_half_flushes_and_execs_the_second_on_a_plan_file(

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from experiments.cli import main
-from experiments.flower.federation import Federation, check_device
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.settings import device
 
@@ -58,14 +57,3 @@ def test_cuda_without_a_gpu_is_refused_before_anything_starts(
     )
     assert re.fullmatch(says, err), err
     assert not (tmp_path / "default").exists()  # no run folder
-
-
-def test_the_ray_backend_gives_each_worker_its_gpu_as_cuda_0() -> None:
-    ray = Federation(num_supernodes=2, gpus_per_client=0.5, backend="ray")
-    check_device("cuda", ray)
-    check_device("cuda:0", ray)
-    with pytest.raises(ValueError, match=r"'cuda:1' but under the Ray backend .* CUDA_VISIBLE_DEVICES"):
-        check_device("cuda:1", ray)
-    with pytest.raises(ValueError, match=r"no GPU share \(--gpus-per-node 0\)"):
-        check_device("cuda", Federation(backend="ray"))
-    check_device("cuda:1", Federation(gpus_per_client=0.5))  # in-process: the process sees what the command sees
