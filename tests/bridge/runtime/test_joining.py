@@ -91,6 +91,19 @@ def test_the_node_id_an_exit_code_and_each_retry_are_reported_and_nothing_else()
     )
 
 
+def test_only_flowers_logger_is_heard() -> None:
+    read, write = os.pipe()
+    reporter = report_joining(write)
+    try:
+        logging.getLogger("elsewhere").warning("SuperNode ID: %s", 9)  # not Flower's: whatever it says
+        flower_log(INFO, "SuperNode ID: %s", 4)
+    finally:
+        logging.getLogger("flwr").removeHandler(reporter)
+        os.close(write)
+    with os.fdopen(read) as f:
+        assert [json.loads(line) for line in f] == [{"node": 4}]
+
+
 def test_a_reporter_whose_reader_is_gone_stops_reporting_without_an_error() -> None:
     read, write = os.pipe()
     reporter = report_joining(write)
@@ -143,12 +156,12 @@ def test_the_wait_ends_when_the_supernode_is_gone_and_says_once_that_it_is_slow(
     start = time.monotonic()
 
     def waiting() -> bool:
-        return time.monotonic() - start < 0.3
+        return time.monotonic() - start < 1.0
 
-    with _gone_after(write, 3.0):
+    with _gone_after(write, 5.0):
         joined = wait_joined(read, waiting, 0.05, lambda: slow.append(time.monotonic() - start), poll_s=0.01)
         assert joined == Joining(flower_exit=305, message="refused")  # the last report, read before it gave up
-        assert len(slow) == 1 and 0.05 <= slow[0] < 0.3 and 0.3 <= time.monotonic() - start < 2.5
+        assert len(slow) == 1 and 0.05 <= slow[0] < 1.0 and 1.0 <= time.monotonic() - start < 4.5
     assert wait_joined(read, lambda: True, 60.0, lambda: None, poll_s=0.01) == Joining()  # closed: nothing more
     os.close(read)
 
