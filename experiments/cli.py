@@ -146,7 +146,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Validate every run first; then run the plan, here or, as the program, in a process without torch."""
     from bridge import flower
     from experiments.flower import spare
-    from experiments.running import command_plan
 
     try:
         if args.as_program and flower.internals():  # the first run's simulation process, importing meanwhile

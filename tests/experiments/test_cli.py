@@ -8,7 +8,6 @@ entry point for its usage and wrong arguments.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -32,6 +31,7 @@ from experiments.running.command_plan import APP_DIR, Plan, run_plan
 from fedsketch.server import runlog
 from fedsketch.settings.setting import ConfigError
 from tests.experiments.tiny import plan_rows, tiny
+from tests.streams import held_stdout
 from tests.tools.command_doc import main as command_doc
 
 
@@ -243,8 +243,7 @@ def test_the_plan_or_why_there_is_none_is_out_before_anything_runs(
     args = _parser().parse_args(["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "1"])
     for public in ("0", "1"):
         monkeypatch.setenv("FEDSKETCH_PUBLIC_FLOWER", public)
-        raw = io.BytesIO()
-        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+        raw = held_stdout(monkeypatch)
         simulation_plan(args)
         said = raw.getvalue().decode()
         assert ("Plan of tiny: 1 run(s)" if public == "0" else "fedsketch: no byte plan: ") in said, said
@@ -252,8 +251,7 @@ def test_the_plan_or_why_there_is_none_is_out_before_anything_runs(
     secure = ["--set", "secure-aggregation=true", "--set", "num-clients=6", "--set", "clients-per-round=6"]
     plans = []
     for nodes in ("2", "3"):  # secure aggregation bills by nodes: the plan is of the nodes the run will have
-        raw = io.BytesIO()
-        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))
+        raw = held_stdout(monkeypatch)
         run = ["run", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", nodes, *secure]
         simulation_plan(_parser().parse_args(run))
         plans.append(plan_rows(raw.getvalue().decode()))

@@ -19,6 +19,19 @@ from flwr.common.logger import log as flower_log
 from bridge.runtime.joining import RETRY_LOG, Joining, exit_hint, report_joining, superlink_of, wait_joined
 
 
+@contextmanager
+def _reporting() -> Iterator[int]:
+    """The read end of a pipe that the SuperNode's reporter writes to while the block logs; the write end is
+    closed on the way out, as when the SuperNode exits."""
+    read, write = os.pipe()
+    reporter = report_joining(write)
+    try:
+        yield read
+    finally:
+        logging.getLogger("flwr").removeHandler(reporter)
+        os.close(write)
+
+
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [
@@ -33,14 +46,9 @@ from bridge.runtime.joining import RETRY_LOG, Joining, exit_hint, report_joining
 def test_the_launcher_learns_from_the_supernodes_log_whether_it_joined(
     lines: list[tuple[Any, ...]], expected: Joining
 ) -> None:
-    read, write = os.pipe()
-    reporter = report_joining(write)
-    try:
+    with _reporting() as read:
         for line in lines:
             flower_log(*line)
-    finally:
-        logging.getLogger("flwr").removeHandler(reporter)
-        os.close(write)  # as when the SuperNode exits
     assert wait_joined(read, lambda: True, 60.0, lambda: None) == expected
     os.close(read)
 
@@ -64,14 +72,13 @@ def test_a_tls_device_against_a_plain_text_superlink_gets_a_hint_naming_it() -> 
 
 def _reports(*lines: tuple[Any, ...]) -> list[dict[str, Any]]:
     """What the SuperNode's process reports for ``lines`` logged through Flower's logger."""
-    read, write = os.pipe()
-    reporter = report_joining(write)
-    try:
+    with _reporting() as read:
         for line in lines:
             flower_log(*line)
-    finally:
-        logging.getLogger("flwr").removeHandler(reporter)
-        os.close(write)
+    return _read_reports(read)
+
+
+def _read_reports(read: int) -> list[dict[str, Any]]:
     with os.fdopen(read) as f:
         return [json.loads(line) for line in f]
 
@@ -92,16 +99,10 @@ def test_the_node_id_an_exit_code_and_each_retry_are_reported_and_nothing_else()
 
 
 def test_only_flowers_logger_is_heard() -> None:
-    read, write = os.pipe()
-    reporter = report_joining(write)
-    try:
+    with _reporting() as read:
         logging.getLogger("elsewhere").warning("SuperNode ID: %s", 9)  # not Flower's: whatever it says
         flower_log(INFO, "SuperNode ID: %s", 4)
-    finally:
-        logging.getLogger("flwr").removeHandler(reporter)
-        os.close(write)
-    with os.fdopen(read) as f:
-        assert [json.loads(line) for line in f] == [{"node": 4}]
+    assert _read_reports(read) == [{"node": 4}]
 
 
 def test_a_reporter_whose_reader_is_gone_stops_reporting_without_an_error() -> None:

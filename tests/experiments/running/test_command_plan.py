@@ -5,7 +5,6 @@ The plan and its runner: ``experiments/running/command_plan.py``.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from experiments.running import command_plan, runner
 from experiments.running.command_plan import Plan, PlannedRun
 from fedsketch.server import runlog
 from tests.experiments.tiny import tiny
+from tests.streams import held_stdout
 
 ROOT = Path(__file__).resolve().parents[3]
 WATCHING_HALF = [
@@ -174,8 +174,7 @@ def test_the_first_half_flushes_and_execs_the_second_on_a_plan_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The command line it execs runs the plan (here as a child process)."""
-    raw = io.BytesIO()
-    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+    raw = held_stdout(monkeypatch)
     monkeypatch.setenv(spare.ENV, "[1, 2, []]")  # a stale description: no spare waits, so none is handed over
     calls: list[list[str]] = []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import re
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from fedsketch.config import ConfigError, RunConfig
 from fedsketch.data import handoff
 from fedsketch.data.run import data_spec, load_data
 from fedsketch.task import make_model
+from tests.streams import held_stdout
 
 
 @pytest.mark.parametrize("settings", [{}, {"model-hidden": 64}])
@@ -137,8 +137,7 @@ def test_a_plan_or_another_machines_runs_hand_nothing_over(lab: Path, capsys: py
 
 def test_the_load_lines_are_flushed_while_the_load_runs(lab: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow load says so before it ends, and when it ended, even where the output is block-buffered (a pipe)."""
-    raw = io.BytesIO()
-    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+    raw = held_stdout(monkeypatch)
     check_runs([_user(lab)], hand_over=False)
     seen_by_the_loader = sys.modules["prelab"].SEEN
     assert [line.decode() for line in seen_by_the_loader] == [

@@ -5,7 +5,6 @@ The same through real Flower and Ray processes is in tests/e2e/test_stopping.py.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from experiments.flower.procs import processes_with_env
 from experiments.running import runner, stopping
 from fedsketch.config import RunConfig
 from fedsketch.server import checkpoint, runlog
+from tests.streams import held_stdout
 
 
 def _sleeper(token: str, ignore_term: bool = False) -> subprocess.Popen[bytes]:
@@ -384,8 +384,7 @@ def test_entering_says_at_once_what_a_dead_command_left_and_stops_it_within_the_
     gone = {"token": killed, "pid": dead, "pid-start": 1, "command": "run", "run": None}
     (records / "killed.json").write_text(json.dumps(gone))
     time.sleep(0.3)
-    raw = io.BytesIO()
-    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # holds text until flushed
+    raw = held_stdout(monkeypatch)
     start = time.monotonic()
     with stopping.Invocation("run", state=tmp_path, grace_s=0.3):
         assert time.monotonic() - start < 2.9
