@@ -51,7 +51,7 @@ ROLES: tuple[tuple[str, str], ...] = (
 """Role names by a pattern of the command line; the first match wins, anything else is ``other (command)``."""
 NAMED = {"fedsketch-sim": ONE_PROCESS}
 """Role names by process name, before the command line: a process forked from another keeps its command line
-(:data:`experiments.flower.spare.NAME`)."""
+(:data:`experiments.flower.spare_child.NAME`)."""
 
 
 def tag_env(env: dict[str, str] | None = None) -> tuple[dict[str, str], str]:

@@ -82,11 +82,12 @@ def bin_path(name: str) -> str:
 
 
 def stop_group(proc: Child, grace_s: float = 5.0) -> None:
-    """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``.
-
-    A child forked an instant ago may not lead its group yet (before its ``setsid``): then the process itself.
-    """
+    """SIGTERM a process group we started, then SIGKILL whatever is left after ``grace_s``; nothing once it is
+    reaped (its pid may be another process's by then: ``procs.stop_carrying`` finds what its group left). A child
+    forked an instant ago may not lead its group yet (before its ``setsid``): then the process itself."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if proc.returncode is not None:
+            return
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -5,8 +5,8 @@
 simulation process (:mod:`experiments.flower.one_process`) started then spends
 seconds importing torch, Flower's simulation runtime and the app before its
 round 1 (docs/simulation.md, "Start-up"). :func:`start` forks the command once it
-has imported torch; the child imports the rest while the command checks and
-forecasts, then waits on a pipe for its run. torch's pages stay shared between
+has imported torch; the child (:mod:`experiments.flower.spare_child`) imports the rest
+while the command checks and forecasts, then waits on a pipe for its run. torch's pages stay shared between
 the two until the command replaces itself, so the overlap costs little memory
 (a second process importing torch afresh would hold its own 290 MB).
 :func:`take` hands the child to the first run of the same backend, which writes
@@ -22,25 +22,16 @@ pipe across in :data:`ENV`.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import logging
 import os
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
 from experiments.flower.flower_procs import Child, stop_group
-
-NAME = "fedsketch-sim"
-"""The spare's process name (``/proc/PID/comm``, what ``ps`` and ``pgrep`` show); its command line is the command's."""
-PR_SET_NAME = 15
-Order = dict[str, Any]
-"""What a spare is given: the run's settings file, log file, environment and federation."""
+from experiments.flower.spare_child import Order, be_the_spare
 
 ENV = "FEDSKETCH_SPARE_SIMULATION"
 """Where the command tells its own ``run-plan`` (after ``exec``) of the spare: its pid, pipe and federation."""
@@ -111,65 +102,9 @@ def start(started_for: list[str], warm_up: Callable[[], None], serve: Callable[[
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _be_the_spare(read_fd, write_fd, warm_up, serve)
+        be_the_spare(read_fd, write_fd, warm_up, serve)
     os.close(read_fd)
     _waiting = Spare(Adopted(pid), write_fd, started_for)
-
-
-def _be_the_spare(read_fd: int, write_fd: int, warm_up: Callable[[], None], serve: Callable[[Order], None]) -> NoReturn:
-    """The forked child: a session of its own, no output until its run names a log; never returns to the command."""
-    code = 1
-    try:
-        os.close(write_fd)
-        os.setsid()
-        ctypes.CDLL(None).prctl(PR_SET_NAME, NAME.encode(), 0, 0, 0)
-        quiet = os.open(os.devnull, os.O_RDWR)
-        for fd in (1, 2):
-            os.dup2(quiet, fd)
-        os.close(quiet)
-        before = {id(sys.stdout): 1, id(sys.stderr): 2}
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 -- for the process's whole life
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        _log_to_the_new_streams(before)
-        warm_up()
-        line = _read_line(read_fd)
-        if line.strip():
-            order: Order = json.loads(line)
-            log = os.open(order["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            serve(order)
-        code = 0
-    except BaseException:  # noqa: BLE001 -- reported to the run's log (or nowhere before it); never the command's
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _log_to_the_new_streams(before: dict[int, int]) -> None:
-    """Point every logging handler that wrote to the command's ``sys.stdout`` or ``sys.stderr`` (``before``: their
-    ids, and the descriptor each stands for) at this process's own, which its run's log then receives."""
-    loggers = [
-        logging.getLogger(),
-        *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
-    ]
-    for handler in (h for logger in loggers for h in logger.handlers):
-        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in before:
-            handler.setStream(sys.stdout if before[id(handler.stream)] == 1 else sys.stderr)
-
-
-def _read_line(fd: int) -> str:
-    """One line from ``fd``, or what came before its end."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
 
 
 def take(started_for: list[str]) -> Spare | None:

@@ -43,15 +43,19 @@ class Group:
     name: str
     modules: tuple[str, ...]
     tests: tuple[str, ...]
+    children: int | None = None
+    """At most this many mutants at once, whatever ``--max-children`` says (``children = N`` in its table)."""
 
 
 def load_groups(path: Path = GROUPS, root: Path = ROOT) -> dict[str, Group]:
     """The groups of ``path``; a module or test file that does not exist is an error naming it."""
     groups: dict[str, Group] = {}
     for name, table in tomllib.loads(path.read_text()).items():
-        if set(table) != {"modules", "tests"}:
-            raise ValueError(f"{path}: group [{name}] needs exactly 'modules' and 'tests'; got {sorted(table)}")
-        group = Group(name, tuple(table["modules"]), tuple(table["tests"]))
+        if set(table) - {"children"} != {"modules", "tests"}:
+            raise ValueError(
+                f"{path}: group [{name}] needs 'modules' and 'tests' (and may say 'children'); got {sorted(table)}"
+            )
+        group = Group(name, tuple(table["modules"]), tuple(table["tests"]), table.get("children"))
         missing = [f for f in group.modules + group.tests if not (root / f).is_file()]
         if missing:
             raise ValueError(f"{path}: group [{name}] names files that do not exist: {missing}")
@@ -169,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     for g in [] if args.report_only else chosen:
         copy = prepare(g, ROOT, args.work)
-        code, wall = run_group(copy, args.work / f"{g.name}.log", args.max_children)
+        code, wall = run_group(
+            copy, args.work / f"{g.name}.log", min(args.max_children, g.children or args.max_children)
+        )
         print(f"{g.name}: mutmut exit {code} after {wall:.0f} s (log: {args.work / f'{g.name}.log'})", flush=True)
     report = [arg for g in chosen for arg in ("--mutants", str(args.work / g.name / "mutants"))]
     extra = ["--out", str(args.out)] if args.out else []

@@ -27,11 +27,22 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"group \[g\] names files that do not exist: \['fedsketch/nope.py'\]"):
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = ["fedsketch/sketch/count_sketch.py"]\n')
-    with pytest.raises(ValueError, match=r"group \[g\] needs exactly 'modules' and 'tests'; got \['modules'\]"):
+    with pytest.raises(
+        ValueError, match=r"group \[g\] needs 'modules' and 'tests' \(and may say 'children'\); got \['modules'\]"
+    ):
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = []\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n')
     with pytest.raises(ValueError, match="at least one module and one test file"):
         mr.load_groups(path, ROOT)
+
+
+def test_a_group_may_cap_how_many_of_its_mutants_run_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "groups.toml"
+    table = 'modules = ["fedsketch/sketch/count_sketch.py"]\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n'
+    path.write_text(f"[g]\nchildren = 1\n{table}[h]\n{table}")
+    groups = mr.load_groups(path, ROOT)
+    assert groups["g"].children == 1 and groups["h"].children is None
+    assert mr.load_groups()["processes"].children == 1
 
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:
@@ -88,7 +99,9 @@ def test_a_real_run_of_the_schedule_group_kills_every_mutant(tmp_path: Path, cap
     out = tmp_path / "report.md"
     code = mr.main(["schedule", "--work", str(tmp_path), "--out", str(out), "--min-module", "100"])
     assert code == 0, (tmp_path / "schedule.log").read_text()[-2000:]
-    assert "| `fedsketch/server/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |" in out.read_text()
+    assert (
+        "| `fedsketch/server/schedule.py` | 29 | 29 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |" in out.read_text()
+    )
 
 
 def test_pyprojects_table_is_the_union_of_the_groups() -> None:

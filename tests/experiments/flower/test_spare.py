@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from experiments.flower import one_process, spare
+from experiments.flower import one_process, spare, spare_child
 from experiments.flower.federation import Federation
 from experiments.running import runner
 from fedsketch.config import RunConfig
@@ -28,6 +31,8 @@ TINY = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3, "eval-every":
 
 @pytest.fixture(autouse=True)
 def no_spare_left() -> Iterator[None]:
+    global test_pid
+    test_pid = os.getpid()  # this test's process (not the one that imported the module, which may have forked it)
     yield
     spare.release()
 
@@ -43,8 +48,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+test_pid = os.getpid()
+
+
+def _only_the_test_goes_on() -> None:
+    """After a fork: a copy of this test process that came back from it (the fork's two sides swapped, as a
+    mutant may swap them) ends at once, before it signals anything in the name of a spare it is not; the
+    test's own process, waiting as the spare, is sent a run it cannot serve, so that it fails."""
+    if os.getpid() != test_pid:
+        try:
+            if spare._waiting is not None:
+                os.write(spare._waiting.order_fd, b'{"log_file": "/"}\n')
+        finally:  # nobody reading (no spare waits): the write fails, the copy ends all the same
+            os._exit(1)
+
+
 def _start() -> None:
     one_process.start_spare(ROOT, "inprocess")
+    _only_the_test_goes_on()
 
 
 def test_a_spare_nobody_takes_is_stopped_when_released() -> None:
@@ -73,7 +94,7 @@ def test_a_spare_whose_input_ends_exits_by_itself_having_run_nothing() -> None:
     assert waiting is not None
     spare._waiting = None
     os.close(waiting.order_fd)  # as when the command that started it ends
-    assert waiting.child.wait(timeout=120) == 0
+    assert waiting.child.wait(timeout=20) == 0
 
 
 def test_a_handed_over_spare_is_adopted_by_pid_and_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,14 +117,160 @@ def test_a_handed_over_spare_is_adopted_by_pid_and_pipe(monkeypatch: pytest.Monk
     assert adopted.child.returncode is not None and not _alive(pid)
 
 
+def _python(code: str) -> subprocess.Popen[bytes]:
+    """A child that only its :class:`spare.Adopted` waits for (kept, so that no later Popen reaps it)."""
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 def test_an_adopted_child_reports_its_exit_code() -> None:
-    child = spare.Adopted(subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]).pid)
-    assert child.wait(timeout=30) == 3 and child.poll() == 3
-    sleeper = spare.Adopted(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]).pid)
-    with pytest.raises(subprocess.TimeoutExpired):
+    exits = _python("import sys; sys.exit(3)")
+    child = spare.Adopted(exits.pid)
+    assert child.wait(timeout=10) == 3 and child.poll() == 3
+    sleeps = _python("import time; time.sleep(5)")
+    sleeper = spare.Adopted(sleeps.pid)
+    with pytest.raises(subprocess.TimeoutExpired, match=f"'pid {sleeper.pid}' timed out after 0.1 seconds"):
         sleeper.wait(timeout=0.1)
-    os.kill(sleeper.pid, 9)
-    assert sleeper.wait(timeout=30) == -9
+    with pytest.raises(subprocess.TimeoutExpired, match="timed out after 0.0 seconds"):
+        sleeper.wait(timeout=0)
+    sleeps.kill()  # through its Popen: never a pid reaped meanwhile, which may be another process's
+    assert sleeper.wait() == -9 and sleeper.wait() == -9  # no timeout: until it ends; once ended, at once
+    quick = spare.Adopted(_python("import time; time.sleep(0.2)").pid)
+    began = time.monotonic()
+    assert quick.wait(timeout=10) == 0 and time.monotonic() - began < 0.8  # looked at every few hundredths
+
+
+def test_a_child_reaped_elsewhere_counts_as_ended_with_code_minus_1() -> None:
+    reaped = subprocess.Popen([sys.executable, "-c", "pass"])
+    reaped.wait(timeout=10)  # by its Popen: waitpid finds no such child any more
+    gone = spare.Adopted(reaped.pid)
+    assert gone.poll() == -1 and gone.wait(timeout=10) == -1 and gone.returncode == -1
+
+
+KEY = ["app", "backend"]
+
+
+def _serve(order: spare.Order) -> None:
+    """A run as a spare serves it: what it was given, written where the order says, and a line to its log."""
+    Path(order["out"]).write_text(json.dumps(order))
+    print("served", flush=True)
+    logging.getLogger("fedsketch.test.spare").warning("logged")
+    if order.get("fail"):
+        raise RuntimeError("the run failed")
+
+
+def _warm_up() -> None:
+    if os.getpid() == test_pid:  # the test's own process became the spare: it fails (exit 1), not exits 0
+        raise RuntimeError("the spare runs in the test's process")
+    print("warming up", flush=True)  # before any run: heard by nobody
+
+
+def _fork() -> None:
+    spare.start(KEY, _warm_up, _serve)
+    _only_the_test_goes_on()
+
+
+def _taken() -> spare.Spare:
+    _fork()
+    taken = spare.take(KEY)
+    assert taken is not None
+    return taken
+
+
+def test_a_spare_given_a_run_serves_it_in_a_session_of_its_own_logging_to_the_runs_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    handler = logging.StreamHandler(sys.stderr)  # the command's own handler: the spare's log takes its lines
+    logging.getLogger("fedsketch.test.spare").addHandler(handler)
+    try:
+        taken = _taken()
+    finally:
+        logging.getLogger("fedsketch.test.spare").removeHandler(handler)
+    pid = taken.child.pid
+    deadline = time.monotonic() + 10  # it names itself once forked
+    while Path(f"/proc/{pid}/comm").read_text().strip() != spare_child.NAME and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == spare_child.NAME and os.getsid(pid) == pid
+    order = {"log_file": str(tmp_path / "run.log"), "out": str(tmp_path / "order"), "big": "x" * 10_000}
+    (tmp_path / "run.log").write_text("before\n")
+    assert taken.give(order) is taken.child
+    assert taken.child.wait(timeout=10) == 0
+    assert json.loads((tmp_path / "order").read_text()) == order  # a line longer than one read, whole
+    assert (tmp_path / "run.log").read_text() == "before\nserved\nlogged\n"
+    assert "warming up" not in capfd.readouterr().out
+
+
+def test_a_run_that_fails_in_the_spare_leaves_its_traceback_in_the_runs_log_and_exits_1(tmp_path: Path) -> None:
+    taken = _taken()
+    taken.give({"log_file": str(tmp_path / "run.log"), "out": str(tmp_path / "order"), "fail": True})
+    assert taken.child.wait(timeout=10) == 1
+    log = (tmp_path / "run.log").read_text()
+    assert log.startswith("served\nTraceback") and log.endswith("RuntimeError: the run failed\n")
+
+
+def test_a_new_log_file_is_made_readable_and_a_given_spares_input_is_closed(tmp_path: Path) -> None:
+    taken = _taken()
+    taken.give({"log_file": str(tmp_path / "run.log"), "out": str(tmp_path / "order")})
+    assert taken.child.wait(timeout=10) == 0
+    assert (tmp_path / "run.log").stat().st_mode & 0o777 == 0o644
+    with pytest.raises(OSError):
+        os.fstat(taken.order_fd)
+    taken.release()  # its input already closed: no error
+
+
+def test_one_spare_waits_at_a_time_and_one_that_ended_is_not_taken() -> None:
+    _fork()
+    first = spare._waiting
+    assert first is not None and spare.waiting_pid() == first.child.pid
+    _fork()  # the first is let go
+    assert first.child.poll() is not None and spare.waiting_pid() not in (None, first.child.pid)
+    second = spare._waiting
+    assert second is not None
+    if second.child.poll() is None:  # not reaped: its pid is still its own
+        os.kill(second.child.pid, 9)
+    second.child.wait(timeout=10)
+    assert spare.take(KEY) is None and spare._waiting is None and spare.waiting_pid() is None
+    assert spare.take(KEY) is None
+    spare.release()  # none waiting: nothing to do
+
+
+def _deaf() -> None:
+    """A spare still importing, under a handler that does not end it on SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(5)
+
+
+def test_a_released_spare_that_does_not_end_on_sigterm_is_killed_two_seconds_later() -> None:
+    spare.start(KEY, _deaf, _serve)
+    _only_the_test_goes_on()
+    deaf = spare._waiting
+    assert deaf is not None
+    time.sleep(0.3)  # its handler is set
+    began = time.monotonic()
+    spare.release()
+    assert 1.9 <= time.monotonic() - began < 2.9 and deaf.child.returncode == -signal.SIGKILL
+
+
+def test_nothing_is_handed_over_when_no_spare_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(spare.ENV, "[1, 2, []]")  # left by an earlier command
+    spare.hand_over()
+    assert spare.ENV not in os.environ
+    spare.hand_over()  # nor anything to take away
+    spare.adopt()
+    assert spare._waiting is None
+
+
+def test_an_adopted_spare_takes_its_run_through_the_handed_over_pipe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(spare.ENV, raising=False)
+    _fork()
+    spare.hand_over()
+    spare._waiting = None
+    spare.adopt()
+    adopted = spare.take(KEY)
+    assert adopted is not None and adopted.started_for == KEY and not os.get_inheritable(adopted.order_fd)
+    adopted.give({"log_file": str(tmp_path / "run.log"), "out": str(tmp_path / "order")})
+    assert adopted.child.wait(timeout=10) == 0 and (tmp_path / "order").exists()
 
 
 def _rows(out: Path) -> list[dict[str, object]]:
@@ -114,7 +281,7 @@ def _rows(out: Path) -> list[dict[str, object]]:
 SPARE_RUN = """
 import sys, time
 from pathlib import Path
-from experiments.flower import one_process, spare
+from experiments.flower import one_process, spare, spare_child
 from experiments.flower.federation import Federation
 path, root = Path(sys.argv[1]), Path(sys.argv[2])
 one_process.start_spare(root, "inprocess")

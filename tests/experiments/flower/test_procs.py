@@ -1,0 +1,194 @@
+"""The process table read from /proc (experiments/flower/procs.py): real processes started and stopped here.
+
+Each test starts its own sleepers with a variable of its own (a token no other process carries) and stops
+them before it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from experiments.flower import procs
+
+KEY = "FEDSKETCH_TEST_TOKEN"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes a test starts and theirs: killed (and reaped) when it ends, whatever it did."""
+    children: list[subprocess.Popen[bytes]] = []
+    yield children
+    for pid in procs.descendants({os.getpid()}) & procs.descendants({c.pid for c in children}):
+        os.kill(pid, signal.SIGKILL)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=10)
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
+
+
+def _python(code: str, token: str | None, children: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != KEY}
+    if token is not None:
+        env[KEY] = token
+    child = subprocess.Popen([sys.executable, "-c", code], env=env)
+    children.append(child)
+    return child
+
+
+SLEEP = "import time; time.sleep(10)"
+
+
+def _wait_for(found: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not found() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+
+
+def test_a_process_is_found_by_the_whole_value_of_its_variable_and_never_this_one(started) -> None:
+    token = _token()
+    carrier = _python(SLEEP, token, started)
+    _python(SLEEP, token + "x", started)  # the value only begins the same
+    _python(SLEEP, None, started)
+    assert procs.processes_with_env(KEY, token) == [carrier.pid]
+    assert procs.processes_with_env(KEY, token[:-1]) == []
+    mine = next(iter(os.environ.items()))  # this process has it too, as the children do
+    assert carrier.pid in procs.processes_with_env(*mine) and os.getpid() not in procs.processes_with_env(*mine)
+
+
+def test_a_start_time_is_when_the_process_started_and_none_once_it_has_ended(started) -> None:
+    child = _python(SLEEP, None, started)
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    began = procs.start_time(child.pid)
+    assert began is not None and abs(began / TICKS - uptime) < 5.0
+    assert procs.start_time(child.pid) == began and procs.start_time(os.getpid()) <= began
+    child.kill()
+    _wait_for(lambda: procs.start_time(child.pid) is None)  # a zombie until reaped: ended all the same
+    assert child.poll() is None or child.returncode is not None
+    assert procs.start_time(child.pid) is None
+    child.wait(timeout=10)
+    assert procs.start_time(child.pid) is None and procs.parent(child.pid) is None
+
+
+def test_a_parent_and_the_descendants_follow_the_parent_pids_roots_excluded(started) -> None:
+    tree = _python(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+        'subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"]); time.sleep(10)\'])\n'
+        "time.sleep(10)",
+        None,
+        started,
+    )
+    _wait_for(lambda: len(procs.descendants({tree.pid})) == 2)
+    below = procs.descendants({tree.pid})
+    assert len(below) == 2 and tree.pid not in below
+    (child,) = [pid for pid in below if procs.parent(pid) == tree.pid]
+    (grandchild,) = below - {child}
+    assert procs.parent(tree.pid) == os.getpid() and procs.parent(grandchild) == child
+    assert procs.descendants({child}) == {grandchild}
+    assert procs.descendants({tree.pid, child}) == {grandchild}  # a root below another root is still a root
+    assert procs.descendants({grandchild}) == set()
+    assert {tree.pid, child, grandchild} <= procs.descendants({os.getpid()})
+
+
+def test_carrying_finds_the_carriers_and_with_seen_their_children_and_keeps_them(started) -> None:
+    token = _token()
+    parent = _python(
+        "import os, subprocess, sys, time\n"
+        f"env = {{k: v for k, v in os.environ.items() if k != {KEY!r}}}\n"
+        f"subprocess.Popen([sys.executable, '-c', {SLEEP!r}], env=env)\n"
+        "time.sleep(10)",
+        token,
+        started,
+    )
+    _wait_for(lambda: len(procs.descendants({parent.pid})) == 1)
+    (child,) = procs.descendants({parent.pid})
+    assert procs.carrying(KEY, token) == [parent.pid]  # without ``seen``: the carriers alone
+    seen: procs.Seen = {}
+    assert procs.carrying(KEY, token, seen) == sorted([parent.pid, child])
+    assert seen == {parent.pid: procs.start_time(parent.pid), child: procs.start_time(child)}
+    os.kill(child, signal.SIGKILL)  # the parent's child: reaped by nobody, a zombie, not carried
+    _wait_for(lambda: procs.start_time(child) is None)
+    assert procs.carrying(KEY, token, seen) == [parent.pid]
+
+
+def test_seen_keeps_a_process_that_lost_its_variable_but_not_a_reused_pid_or_this_one(started) -> None:
+    token = _token()
+    other = _python(SLEEP, None, started)
+    began = procs.start_time(other.pid)
+    assert began is not None
+    assert procs.carrying(KEY, token, {other.pid: began}) == [other.pid]  # found once: kept
+    assert procs.carrying(KEY, token, {other.pid: began + 1}) == []  # another process under that pid
+    assert procs.carrying(KEY, token, {other.pid: None}) == []
+    mine = procs.carrying(KEY, token, {os.getpid(): procs.start_time(os.getpid())})
+    assert os.getpid() not in mine and other.pid in mine  # this process's children, never itself
+    assert procs.carrying(KEY, token, {}) == []
+
+
+TERM_WRITES = (
+    "import signal, sys, time\n"
+    "def bye(*_):\n"
+    "    open(sys.argv[1], 'w').write('term')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "time.sleep(10)"
+)
+TERM_IGNORED = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(10)"
+
+
+def _started_with(
+    code: str, token: str, *args: str, children: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, KEY: token}
+    child = subprocess.Popen([sys.executable, "-c", code, *args], env=env)
+    children.append(child)
+    _wait_for(lambda: child.pid in procs.processes_with_env(KEY, token))
+    return child
+
+
+def test_stopping_terms_first_kills_what_stays_after_the_grace_and_counts_them(started, tmp_path: Path) -> None:
+    token = _token()
+    polite = _started_with(TERM_WRITES, token, str(tmp_path / "term"), children=started)
+    stubborn = _started_with(TERM_IGNORED, token, children=started)
+    time.sleep(0.3)  # both have installed their handlers
+    began = time.monotonic()
+    assert procs.stop_carrying(KEY, token, grace_s=0.6) == 2
+    took = time.monotonic() - began
+    assert (tmp_path / "term").read_text() == "term"  # SIGTERM came first and was heard
+    assert polite.wait(timeout=10) == 0 and stubborn.wait(timeout=10) == -signal.SIGKILL
+    assert 0.55 <= took < 3.0  # the stubborn one had its grace, then no more
+    assert procs.carrying(KEY, token) == []
+
+
+def test_stopping_with_sigkill_first_ends_everything_at_once(started, tmp_path: Path) -> None:
+    token = _token()
+    polite = _started_with(TERM_WRITES, token, str(tmp_path / "term"), children=started)
+    time.sleep(0.3)
+    began = time.monotonic()
+    assert procs.stop_carrying(KEY, token, grace_s=30.0, first=signal.SIGKILL) == 1
+    assert time.monotonic() - began < 5.0 and polite.wait(timeout=10) == -signal.SIGKILL
+    assert not (tmp_path / "term").exists()
+
+
+def test_stopping_also_stops_what_was_seen_before_and_nothing_when_none_is_left(started) -> None:
+    token = _token()
+    other = _python(TERM_IGNORED, None, started)
+    _wait_for(lambda: procs.start_time(other.pid) is not None)
+    time.sleep(0.3)
+    seen: procs.Seen = {other.pid: procs.start_time(other.pid)}
+    assert procs.stop_carrying(KEY, token, grace_s=0.5, seen=seen) == 1
+    assert other.wait(timeout=10) == -signal.SIGKILL
+    assert procs.stop_carrying(KEY, _token(), grace_s=30.0) == 0  # none: no wait either
