@@ -33,13 +33,6 @@ class DownloadLedger:
     synced: Mapping[int, int] = field(default_factory=dict)
 
 
-def new_ledger(d: int) -> DownloadLedger:
-    """A ledger for a model of ``d`` parameters that no client has seen yet."""
-    if d <= 0:
-        raise ValueError(f"model size d must be > 0; got {d}")
-    return DownloadLedger(torch.zeros(d, dtype=torch.int32))
-
-
 def record_update(
     ledger: DownloadLedger, server_round: int, before: torch.Tensor, after: torch.Tensor
 ) -> tuple[DownloadLedger, int]:

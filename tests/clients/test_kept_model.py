@@ -23,7 +23,8 @@ from clients.kept_model import KEPT, apply_catch_up, initial_weights, keep, weig
 from fedsketch import wire
 from fedsketch.compress.sparse import encode_sparse
 from fedsketch.config import RunConfig
-from fedsketch.server.ledger import new_ledger, record_update
+from fedsketch.server.books import Books
+from fedsketch.server.ledger import record_update
 from strategies.billing import catch_up
 
 TINY = {"num-clients": 6, "clients-per-round": 2, "model-hidden": 8, "k": 10, "strategy": "fedavg"}
@@ -55,7 +56,10 @@ def _moved(weights: np.ndarray, coords: list[int]) -> np.ndarray:
 def _catch_up(before: np.ndarray, after: np.ndarray, synced: dict[int, int], server_round: int, **kw: Any) -> Any:
     """The server's catch-up for client 2 to ``after`` (changed in round ``server_round - 1``)."""
     ledger, _ = record_update(
-        new_ledger(before.size), server_round - 1, torch.from_numpy(before), torch.from_numpy(after)
+        Books.start(before.size, sparse_download=True).ledger,
+        server_round - 1,
+        torch.from_numpy(before),
+        torch.from_numpy(after),
     )
     return catch_up(replace(ledger, synced=synced), 2, server_round, torch.from_numpy(after), **kw)
 

@@ -41,7 +41,7 @@ def _reference(ledger: ledgers.DownloadLedger, cid: int, rnd: int, w: torch.Tens
 
 def _ledger(d: int, rounds: int, per_round: int, seed: int) -> ledgers.DownloadLedger:
     gen = torch.Generator().manual_seed(seed)
-    changed_at = ledgers.new_ledger(d).changed_at
+    changed_at = Books.start(d, sparse_download=True).ledger.changed_at
     for rnd in range(1, rounds):
         changed_at[torch.randint(0, d, (per_round,), generator=gen)] = rnd
     # clients synced to every round, one forgotten, and (cid 99) one never seen
@@ -89,7 +89,7 @@ def test_changed_since_counts_every_round() -> None:
 
 
 def test_a_one_byte_mask_equal_to_the_encoding_byte_is_sent_once() -> None:
-    changed_at = ledgers.new_ledger(8).changed_at
+    changed_at = Books.start(8, sparse_download=True).ledger.changed_at
     changed_at[0] = 2  # the packed mask is the byte 1, the same as enc = 1 (bitmap)
     ledger = ledgers.DownloadLedger(changed_at, {1: 2})
     w = torch.randn(8)

@@ -24,7 +24,8 @@ from fedsketch import wire
 from fedsketch.compress.sparse import decode_sparse_pairs, encode_sparse
 from fedsketch.config import ConfigError, RunConfig
 from fedsketch.fit import check_against_model
-from fedsketch.server.ledger import INITIAL, DownloadLedger, forget, mark_synced, new_ledger, record_update
+from fedsketch.server.books import Books
+from fedsketch.server.ledger import INITIAL, DownloadLedger, forget, mark_synced, record_update
 from strategies.billing import base_round, catch_up, catch_up_values
 from strategies.server_app import build_strategy
 from tests.federation import SMALL_SKETCH_RUN, TestGrid
@@ -34,7 +35,7 @@ SETTINGS = {**SMALL_SKETCH_RUN, "num-rounds": 8, "eval-every": 4}
 
 def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
     d, clients, gen = 5_000, 20, torch.Generator().manual_seed(0)
-    ledger = new_ledger(d)
+    ledger = Books.start(d, sparse_download=True).ledger
     weights = torch.randn(d, generator=gen)
     kept: dict[int, np.ndarray] = {}
     for rnd in range(1, 31):
@@ -57,7 +58,7 @@ def test_catch_up_brings_every_returning_client_to_the_exact_model() -> None:
 
 
 def test_a_client_is_sent_the_coordinates_changed_since_its_sync_and_no_others() -> None:
-    ledger = new_ledger(10)
+    ledger = Books.start(10, sparse_download=True).ledger
     w0 = torch.zeros(10)
     ledger = mark_synced(ledger, [7], 1)
     w1 = w0.clone()
@@ -223,7 +224,7 @@ def test_a_device_that_trained_on_another_model_is_rejected() -> None:
 
 
 def test_from_init_a_new_client_is_sent_what_changed_since_round_one_and_a_failed_one_the_whole_model() -> None:
-    ledger = new_ledger(10)
+    ledger = Books.start(10, sparse_download=True).ledger
     w0 = torch.zeros(10)
     assert catch_up(ledger, 4, 1, w0) is None  # without from_init a newcomer needs the dense model
     first = catch_up(ledger, 4, 1, w0, from_init=True)
@@ -307,7 +308,7 @@ def test_from_init_needs_sparse_downloads() -> None:
 
 def _ledger_with_two_rounds() -> tuple[DownloadLedger, torch.Tensor]:
     """d = 6; round 1 changes coordinates 1 and 4, round 2 coordinate 2; client 3 synced in round 2."""
-    ledger = new_ledger(6)
+    ledger = Books.start(6, sparse_download=True).ledger
     w0 = torch.zeros(6, dtype=torch.float64)
     w1 = w0.clone()
     w1[[1, 4]] = torch.tensor([0.1, -2.5], dtype=torch.float64)
