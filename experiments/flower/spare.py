@@ -5,9 +5,10 @@
 simulation process (:mod:`experiments.flower.one_process`) started then spends
 seconds importing torch, Flower's simulation runtime and the app before its
 round 1 (docs/simulation.md, "Start-up"). :func:`start` forks the command once it
-has imported torch; the child (:mod:`experiments.flower.spare_child`) imports the rest
-while the command checks and forecasts, then waits on a pipe for its run. torch's pages stay shared between
-the two until the command replaces itself, so the overlap costs little memory
+has imported torch; the child (:mod:`experiments.flower.spare_child`) imports
+the rest while the command checks and forecasts, then waits on a pipe for its
+run. torch's pages stay shared between the two until the command replaces
+itself, so the overlap costs little memory
 (a second process importing torch afresh would hold its own 290 MB).
 :func:`take` hands the child to the first run of the same backend, which writes
 the run (its settings file, log file, environment and federation) down the

@@ -31,20 +31,6 @@ TERM_IGNORED = (
 )
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The processes a test starts: their groups killed and the processes reaped when it ends."""
-    children: list[subprocess.Popen[bytes]] = []
-    yield children
-    for child in children:
-        if child.poll() is None:  # not reaped: its pid, and its group's id, are still its own
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                child.kill()
-        child.wait(timeout=10)
-
-
 def _start(code: str, children: list[subprocess.Popen[bytes]], session: bool = True) -> subprocess.Popen[bytes]:
     child = subprocess.Popen([sys.executable, "-c", code], start_new_session=session, stdout=subprocess.PIPE)
     children.append(child)

@@ -12,28 +12,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from experiments.flower import procs
 
 KEY = "FEDSKETCH_TEST_TOKEN"
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The processes a test starts and theirs: killed (and reaped) when it ends, whatever it did."""
-    children: list[subprocess.Popen[bytes]] = []
-    yield children
-    for pid in procs.descendants({os.getpid()}) & procs.descendants({c.pid for c in children}):
-        os.kill(pid, signal.SIGKILL)
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=10)
 
 
 def _token() -> str:
