@@ -64,7 +64,6 @@ def simulate(
         server_app_attr=serverapp,
         client_app_attr=client,
         num_supernodes=num_supernodes,
-        backend_name="ray",  # the name the engine builds its backend by; the in-process ClientApp replaces Ray's
         backend_config={"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}},
         app_dir=str(app_dir),
         run=run,

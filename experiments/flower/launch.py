@@ -30,7 +30,8 @@ def simulate(
     work_dir: Path,
     poll: Callable[[], None] | None = None,
 ) -> int:
-    """Run one run through Flower's simulation runtime, the way ``federation.runtime`` names.
+    """Run one run through Flower's simulation runtime, the way ``federation.runtime`` names, in ``work_dir``
+    (the run's folder, as :func:`experiments.running.runner.prepare` made it).
 
     ``poll`` is called about twice a second while the run goes on (progress).
     Returns 0 once the ServerApp has marked the run done in ``work_dir``, else

@@ -59,7 +59,7 @@ def process_env(app_dir: Path, flwr_home: Path) -> dict[str, str]:
     """The simulation process's environment: Flower's (:func:`flower_env`), the app first on the path,
     and :data:`MALLOC`'s settings the environment does not set."""
     env = flower_env(flwr_home)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(app_dir), env.get("PYTHONPATH")) if p)
     for name, (value, _) in MALLOC.items():
         env.setdefault(name, str(value))
     return env
@@ -77,7 +77,6 @@ def one_process_run(
     What it started (Ray's services, with ``backend = "ray"``) carries its
     private ``FLWR_HOME`` and is stopped with it.
     """
-    work_dir.mkdir(parents=True, exist_ok=True)
     home = work_dir / "flwr-home"
     log = work_dir / "flower.log"
     finished = partial(runlog.server_done, work_dir)
@@ -149,19 +148,22 @@ def _warm_up(app_dir: Path, backend: str) -> None:
 
 def set_malloc(environ: Mapping[str, str]) -> None:
     """:data:`MALLOC`'s settings that ``environ`` does not set, through ``mallopt``: glibc read the variables
-    as this process started, before it was a simulation process (each value capped at C's ``INT_MAX``)."""
+    as this process started, before it was a simulation process. ``mallopt`` takes a C ``int``: a value past it
+    is given as -1, which glibc reads unsigned, the largest (64 GiB of trim threshold and that: never trimmed)."""
     libc = ctypes.CDLL(None)
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     for name, (value, param) in MALLOC.items():
         if name not in environ:
-            libc.mallopt(param, min(value, 2**31 - 1))
+            libc.mallopt(param, value if value < 2**31 else -1)
 
 
 def _serve(app_dir: Path, backend: str, order: spare.Order) -> None:
-    """In the spare: the run it was given."""
+    """In the spare: the run it was given, as :func:`main` runs one (its standard output is line-buffered)."""
     os.environ.update(order["environ"])
-    print(SPARE_LOG, flush=True)
-    gpus, run_config = float(order["gpus"]), Path(order["run_config"])
-    simulation.simulate(app_dir, run_config, int(order["nodes"]), int(order["cpus"]), gpus, clientapp_for(backend))
+    print(SPARE_LOG)
+    args = [str(app_dir), order["run_config"], order["nodes"], order["cpus"], order["gpus"], backend]
+    if main(args) != 0:
+        raise ValueError(f"a spare was given a run it cannot read: {args}")
 
 
 USAGE = "usage: python -m experiments.flower.one_process APP_DIR RUN_CONFIG NUM_SUPERNODES NUM_CPUS NUM_GPUS BACKEND"

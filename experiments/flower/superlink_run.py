@@ -96,7 +96,6 @@ def flwr_run(
     is submitted from a copy of its own files (:func:`stage_app`), which for
     the in-process backend names its own ClientApp (:func:`~experiments.flower.app_files.clientapp_for`).
     """
-    work_dir.mkdir(parents=True, exist_ok=True)
     log_file = work_dir / "flower.log"
     finished = partial(runlog.server_done, work_dir)
     home = work_dir / "flwr-home"

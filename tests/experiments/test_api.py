@@ -333,11 +333,18 @@ def test_a_run_that_stops_before_its_last_round_raises_and_keeps_the_others(
 def test_a_run_stopped_by_a_signal_raises_keyboard_interrupt_once_everything_stopped(
     tmp_path: Path, signum: int
 ) -> None:
-    here = os.getpid()
+    here, sent = os.getpid(), tmp_path / "signalled"
 
     def stops_the_command(input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
-        if os.getpid() != here:  # in Flower's process, once the command watches it
-            os.kill(here, signum)
+        """In Flower's process, once the command watches it: one signal, as a user sends one (each client builds a
+        model; a signal sent after the command has stopped would end the test's process, whose handler is back)."""
+        if os.getpid() != here:
+            try:
+                sent.touch(exist_ok=False)  # once, whichever client's thread comes first
+            except FileExistsError:
+                pass
+            else:
+                os.kill(here, signum)
         return build(input_shape, num_classes, seed)
 
     with pytest.raises(KeyboardInterrupt):

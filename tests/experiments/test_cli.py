@@ -85,17 +85,10 @@ def _one_process(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_one_process_runtime_prints_its_usage() -> None:
+    """As a program (its refusals: tests/experiments/flower/test_one_process.py)."""
     done = _one_process("--help")
     assert done.returncode == 0
     assert done.stdout.startswith("usage: python -m experiments.flower.one_process APP_DIR RUN_CONFIG")
-
-
-@pytest.mark.parametrize("args", [("app",), ("app", "run.toml", "two", "1", "0", "inprocess")])
-def test_the_one_process_runtime_refuses_bad_arguments_with_its_usage(args: tuple[str, ...]) -> None:
-    done = _one_process(*args)
-    assert done.returncode == 2
-    assert done.stderr.startswith("usage: python -m experiments.flower.one_process")
-    assert "Traceback" not in done.stderr
 
 
 def test_plan_and_run_refuse_an_app_config_that_lacks_a_setting(

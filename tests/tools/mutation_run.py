@@ -45,17 +45,21 @@ class Group:
     tests: tuple[str, ...]
     children: int | None = None
     """At most this many mutants at once, whatever ``--max-children`` says (``children = N`` in its table)."""
+    slow: bool = False
+    """Whether its tests marked ``slow`` (real processes, out of the fast tier) run too (``slow = true``)."""
 
 
 def load_groups(path: Path = GROUPS, root: Path = ROOT) -> dict[str, Group]:
     """The groups of ``path``; a module or test file that does not exist is an error naming it."""
     groups: dict[str, Group] = {}
     for name, table in tomllib.loads(path.read_text()).items():
-        if set(table) - {"children"} != {"modules", "tests"}:
+        if set(table) - {"children", "slow"} != {"modules", "tests"}:
             raise ValueError(
-                f"{path}: group [{name}] needs 'modules' and 'tests' (and may say 'children'); got {sorted(table)}"
+                f"{path}: group [{name}] needs 'modules' and 'tests' (and may say 'children', 'slow'); got {sorted(table)}"
             )
-        group = Group(name, tuple(table["modules"]), tuple(table["tests"]), table.get("children"))
+        group = Group(
+            name, tuple(table["modules"]), tuple(table["tests"]), table.get("children"), table.get("slow", False)
+        )
         missing = [f for f in group.modules + group.tests if not (root / f).is_file()]
         if missing:
             raise ValueError(f"{path}: group [{name}] names files that do not exist: {missing}")
@@ -68,8 +72,13 @@ def load_groups(path: Path = GROUPS, root: Path = ROOT) -> dict[str, Group]:
 def mutmut_settings(shared: dict[str, Any], group: Group) -> dict[str, Any]:
     """``[tool.mutmut]`` for one group: the shared settings, its modules and tests, the other packages copied."""
     sources = [p for p in PACKAGES if any(m.startswith(p) for m in group.modules)]
+    args = list(shared.get("pytest_add_cli_args", []))
+    if group.slow and "not slow" in args:  # its "-m" goes with it
+        at = args.index("not slow")
+        args[at - 1 : at + 1] = []
     return {
         **shared,
+        "pytest_add_cli_args": args,
         "source_paths": sources,
         "only_mutate": list(group.modules),
         "also_copy": [*(p for p in PACKAGES if p not in sources), PAGES],

@@ -28,7 +28,7 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = ["fedsketch/sketch/count_sketch.py"]\n')
     with pytest.raises(
-        ValueError, match=r"group \[g\] needs 'modules' and 'tests' \(and may say 'children'\); got \['modules'\]"
+        ValueError, match=r"group \[g\] needs 'modules' and 'tests' \(and may say 'children', 'slow'\); got \['modules'\]"
     ):
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = []\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n')
@@ -43,6 +43,18 @@ def test_a_group_may_cap_how_many_of_its_mutants_run_at_once(tmp_path: Path) -> 
     groups = mr.load_groups(path, ROOT)
     assert groups["g"].children == 1 and groups["h"].children is None
     assert mr.load_groups()["processes"].children == 1
+
+
+def test_a_group_whose_tests_need_real_processes_runs_its_slow_tests_too(tmp_path: Path) -> None:
+    path = tmp_path / "groups.toml"
+    table = 'modules = ["fedsketch/sketch/count_sketch.py"]\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n'
+    path.write_text(f"[g]\nslow = true\n{table}[h]\n{table}")
+    groups = mr.load_groups(path, ROOT)
+    shared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    assert shared["pytest_add_cli_args"] == ["-p", "no:cacheprovider", "-m", "not slow"]
+    assert mr.mutmut_settings(shared, groups["g"])["pytest_add_cli_args"] == ["-p", "no:cacheprovider"]
+    assert mr.mutmut_settings(shared, groups["h"])["pytest_add_cli_args"] == shared["pytest_add_cli_args"]
+    assert mr.load_groups()["runtime"].slow and not mr.load_groups()["processes"].slow
 
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:

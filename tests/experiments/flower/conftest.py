@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,13 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
             child.kill()
     for child in children:
         child.wait(timeout=10)
+
+
+@pytest.fixture
+def homes() -> Iterator[list[Path]]:
+    """The ``FLWR_HOME`` of each run a test makes (append them): whatever still carries one when the test ends
+    is killed, whether or not the code under test stopped it (a mutant's, say)."""
+    found: list[Path] = []
+    yield found
+    for home in found:
+        procs.stop_carrying("FLWR_HOME", str(home), 0.0, first=signal.SIGKILL)

@@ -1,23 +1,29 @@
-"""The one-process runtime's pieces that need no Flower run (the runs themselves: tests/bridge/runtime/test_simulation_backend.py)."""
+"""The one-process runtime (experiments/flower/one_process.py): its process's environment, its command line, and
+real runs through it, in a process of their own, in a spare, and in this process."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import resource
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bridge import simulation
-from experiments.flower import one_process
-from experiments.flower.app_files import clientapp_for
-
-
-def test_the_run_config_file_is_read_as_flwr_run_reads_it(tmp_path: Path) -> None:
-    path = tmp_path / "run_config.toml"
-    path.write_text('strategy = "fedavg"\nnum-rounds = 3\nlr = 0.5\nflag = true\n', encoding="utf-8")
-    assert simulation.overrides(path) == {"strategy": "fedavg", "num-rounds": 3, "lr": 0.5, "flag": True}
+from bridge.runtime.simulation_backend import worker_count
+from experiments.flower import one_process, procs, spare
+from experiments.flower.app_files import INPROCESS_CLIENTAPP
+from experiments.flower.federation import Federation
+from fedsketch.server import runlog
+from tests.tiny_runs import ROOT, rounds, tiny_run
 
 
 def test_the_process_gets_the_app_first_on_its_path_and_the_malloc_settings_unless_set(
@@ -31,59 +37,268 @@ def test_the_process_gets_the_app_first_on_its_path_and_the_malloc_settings_unle
     assert env["MALLOC_ARENA_MAX"] == "2" and env["MALLOC_MMAP_THRESHOLD_"] == str(64 * 2**20)
     assert env["MALLOC_TRIM_THRESHOLD_"] == str(64 * 2**30) and env["MALLOC_TOP_PAD_"] == str(64 * 2**20)
     assert env["FLWR_HOME"] == str(tmp_path / "home") and env["FLWR_TELEMETRY_ENABLED"] == "0"
+    monkeypatch.delenv("PYTHONPATH")
+    assert one_process.process_env(tmp_path / "app", tmp_path / "home")["PYTHONPATH"] == str(tmp_path / "app")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")  # the user's own setting is kept
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
     env = one_process.process_env(tmp_path / "app", tmp_path / "home")
     assert env["MALLOC_ARENA_MAX"] == "8" and env["MALLOC_TRIM_THRESHOLD_"] == "0"
 
 
-ROUNDS_OF_REPLIES = """
-import resource, sys
-import numpy as np
-if sys.argv[1] == "mallopt":
-    from experiments.flower.one_process import set_malloc
-    set_malloc({})
-def round_of_replies():  # a node's round on the paper's shape, scaled down: 20 tables of 10 MB made into bytes
-    tables = [np.ones(2_500_000, np.float32) for _ in range(20)]
-    replies = [b"".join((b"header", t.data)) for t in tables]
-    del tables, replies
-round_of_replies()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+def _fresh_pages_over_three_rounds() -> int:
+    """Page faults of three rounds of replies in this process, after a first: a node's round on the paper's shape,
+    scaled down, 20 tables of 10 MB made into bytes."""
+
+    def round_of_replies() -> None:
+        tables = [np.ones(2_500_000, np.float32) for _ in range(20)]
+        replies = [b"".join((b"header", t.data)) for t in tables]
+        del tables, replies
+
     round_of_replies()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        round_of_replies()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-@pytest.mark.slow  # three fresh Pythons importing torch
+ROUNDS_OF_REPLIES = (
+    "from tests.experiments.flower import test_one_process as t; print(t._fresh_pages_over_three_rounds())"
+)
+
+
+@pytest.mark.slow  # two fresh Pythons importing torch
 def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path: Path) -> None:
-    """Three rounds of 10 MB arrays after a first: fresh pages each round under glibc's defaults, and the
-    pages the first round freed with :data:`one_process.MALLOC`, set by the environment or by ``mallopt``."""
-    root = Path(__file__).resolve().parents[3]
+    """Fresh pages each round under glibc's defaults, and the pages the first round freed with
+    :data:`one_process.MALLOC` in the environment (through ``mallopt``: the next test)."""
     bare = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    bare["PYTHONPATH"] = str(root)
+    bare["PYTHONPATH"] = str(ROOT)
 
-    def faults(env: dict[str, str], how: str) -> int:
+    def faults(env: dict[str, str]) -> int:
         out = subprocess.run(
-            [sys.executable, "-c", ROUNDS_OF_REPLIES, how], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-c", ROUNDS_OF_REPLIES], env=env, capture_output=True, text=True, check=True
         )
         return int(out.stdout)
 
-    default = faults(bare, "env")
+    default = faults(bare)
     assert default > 20 * 2_000  # fresh pages for at least a round: about 2,440 a table (here every round)
-    assert faults(one_process.process_env(root, tmp_path), "env") < default / 10
-    assert faults(bare, "mallopt") < default / 10
+    assert faults(one_process.process_env(ROOT, tmp_path)) < default / 10
 
 
-def test_each_backend_runs_the_components_the_app_names_and_the_clientapp_a_staged_app_names(
-    tmp_path: Path,
+def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_through_mallopt() -> None:
+    """In this process, as in a spare: nothing where the environment sets each (fresh pages every round, about
+    2,440 a table), then all four where it sets none (the first round's pages serve the next three)."""
+    one_process.set_malloc(dict.fromkeys(one_process.MALLOC, "set"))
+    assert _fresh_pages_over_three_rounds() > 20 * 2_000
+    one_process.set_malloc({})
+    assert _fresh_pages_over_three_rounds() < 2_000
+    assert _mapped_by_an_array_of(2**30) >= 2**30  # over 64 MiB: mapped, not kept on the heap
+
+
+class _MallInfo(ctypes.Structure):
+    """glibc's ``struct mallinfo2``."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
+
+
+def _mapped_by_an_array_of(size: int) -> int:
+    """Bytes glibc mapped for an array of ``size`` bytes, never touched (no memory used)."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo
+    before = libc.mallinfo2().hblkhd
+    array = np.empty(size, np.uint8)
+    mapped = libc.mallinfo2().hblkhd - before
+    del array
+    return mapped
+
+
+def test_the_command_line_prints_its_usage_and_refuses_bad_arguments_with_it(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from experiments.flower.app_files import INPROCESS_CLIENTAPP, stage_app
+    assert one_process.main(["-h"]) == 0 and capsys.readouterr().out == one_process.USAGE + "\n"
+    assert one_process.main(["--help"]) == 0 and capsys.readouterr().out == one_process.USAGE + "\n"
+    assert one_process.main(["-h", "app"]) == 0 and capsys.readouterr().out == one_process.USAGE + "\n"
+    for args in (["app"], ["app", "run.toml", "two", "1", "0", "inprocess"], ["a", "r", "2", "1.5", "0", "inprocess"]):
+        assert one_process.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(one_process.USAGE + "\n(six arguments;") and "NUM_GPUS a number" in err
 
-    root = Path(__file__).resolve().parents[3]
-    assert simulation.components(root, clientapp_for("ray")) == ("strategies.server_app:app", "clients.client_app:app")
-    assert simulation.components(root, clientapp_for("inprocess")) == ("strategies.server_app:app", INPROCESS_CLIENTAPP)
-    staged = stage_app(root, tmp_path / "app", INPROCESS_CLIENTAPP)  # what --runtime superlink submits
-    assert simulation.components(staged, clientapp_for("ray")) == simulation.components(
-        root, clientapp_for("inprocess")
+
+def test_the_command_line_runs_the_run_it_names_in_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
+    path = tiny_run(tmp_path / "runs")
+    assert one_process.main([str(ROOT), str(path / "run_config.toml"), "2", "2", "0", "inprocess"]) == 0
+    assert rounds(path) == [1, 2] and f"{worker_count(2)} at once" in caplog.text and "(no Ray)" in caplog.text
+
+
+def _federation(backend: str = "inprocess") -> Federation:
+    return Federation(num_supernodes=2, cpus_per_client=1, backend=backend)
+
+
+@pytest.mark.slow  # a run in a process of its own
+def test_a_run_goes_in_a_process_of_its_own_with_its_environment_and_logs_to_its_folder(
+    tmp_path: Path, homes: list[Path]
+) -> None:
+    """Not to a spare started for another backend (let go); the run's process carries the environment
+    :func:`one_process.process_env` gives; ``poll`` is called while it goes on; it is gone, and its log in the
+    run's folder, once the run has returned 0."""
+    path = tiny_run(tmp_path / "runs")
+    home = path / "flwr-home"
+    homes.append(home)
+    other = _spare_for("ray")
+    seen: list[dict[str, str]] = []
+
+    def poll() -> None:
+        for pid in procs.processes_with_env("FLWR_HOME", str(home)):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # it ended since
+                continue
+            seen.append(dict(e.decode().split("=", 1) for e in environ if b"=" in e))
+
+    try:
+        assert one_process.one_process_run(ROOT, path / "run_config.toml", _federation(), path, poll) == 0
+    finally:
+        spare.release()
+    assert other.child.wait(timeout=10) is not None and not (path / "order.json").exists()
+    assert seen, "no process of the run was seen while it ran"
+    assert seen[0] == one_process.process_env(ROOT, home)  # the whole environment a process of the run gets
+    assert rounds(path) == [1, 2] and runlog.SERVER_DONE_LOG in (path / "flower.log").read_text()
+    assert one_process.SPARE_LOG not in (path / "flower.log").read_text()
+    assert not procs.processes_with_env("FLWR_HOME", str(home))
+
+
+LEFTOVER = """
+import pathlib, signal, sys, time
+def leave(*_):  # two seconds to end: killed at once, it leaves no file
+    time.sleep(2)
+    pathlib.Path(sys.argv[1]).write_text("ended")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+print(flush=True)
+time.sleep(60)
+"""
+"""A process a run left behind, which takes two seconds to end on SIGTERM, then writes the file it is given."""
+
+
+def _spare_run(order: spare.Order) -> None:
+    """A spare's run: the order written beside its log, a process of the run left behind (:data:`LEFTOVER`, in a
+    session of its own) and, below a folder named ``done``, the run marked done; then it waits to be stopped."""
+    log = Path(order["log_file"])
+    log.with_name("order.json").write_text(json.dumps(order))
+    env = {**os.environ, "FLWR_HOME": order["environ"]["FLWR_HOME"]}
+    ended = str(log.with_name("ended"))
+    left = subprocess.Popen(
+        [sys.executable, "-c", LEFTOVER, ended], env=env, stdout=subprocess.PIPE, start_new_session=True
     )
+    assert left.stdout is not None and left.stdout.readline()  # its SIGTERM handler is in place
+    if "done" in log.parts:
+        print(runlog.SERVER_DONE_LOG, flush=True)
+        runlog.mark_server_done(log.parent, 0)
+        time.sleep(60)
+
+
+def _spare_for(backend: str) -> spare.Spare:
+    spare.start(one_process.spare_key(ROOT, backend), lambda: None, _spare_run)
+    waiting = spare._waiting
+    assert waiting is not None
+    return waiting
+
+
+@pytest.mark.slow  # processes forked and started
+@pytest.mark.parametrize("done", ["done", "not-done"])
+def test_a_run_goes_to_the_spare_started_for_it_with_what_a_process_would_get_and_its_leftovers_are_stopped(
+    tmp_path: Path, done: str, homes: list[Path]
+) -> None:
+    """The spare started for the run's app and backend gets the run's settings and the environment a fresh
+    process would; when it is stopped, what the run left is stopped too: killed at once once the run is
+    done (it keeps nothing the run needs), given time to end on SIGTERM otherwise."""
+    path = tiny_run(tmp_path / done)
+    home = str(path / "flwr-home")
+    homes.append(path / "flwr-home")
+    waiting = _spare_for("inprocess")
+    fed = Federation(num_supernodes=3, cpus_per_client=2, gpus_per_client=0.0, backend="inprocess")
+    polls: list[None] = []
+    try:
+        code = one_process.one_process_run(ROOT, path / "run_config.toml", fed, path, lambda: polls.append(None))
+        assert code == 0 and polls and waiting.child.poll() is not None
+        assert not procs.processes_with_env("FLWR_HOME", home)
+    finally:
+        spare.release()
+    assert (path / "ended").exists() is (done == "not-done")
+    assert json.loads((path / "order.json").read_text()) == {
+        "run_config": str(path / "run_config.toml"),
+        "log_file": str(path / "flower.log"),
+        "environ": one_process.process_env(ROOT, path / "flwr-home"),
+        "nodes": "3",
+        "cpus": "2",
+        "gpus": "0.0",
+    }
+
+
+@pytest.mark.slow  # a run in a process of its own
+def test_a_spare_that_ended_before_its_run_came_is_let_go_and_the_run_starts_a_process(
+    tmp_path: Path, homes: list[Path]
+) -> None:
+    path = tiny_run(tmp_path / "runs", **{"num-rounds": 1})
+    homes.append(path / "flwr-home")
+    waiting = _spare_for("inprocess")
+    os.kill(waiting.child.pid, signal.SIGKILL)
+    waiting.child.wait(timeout=10)
+    try:
+        assert one_process.one_process_run(ROOT, path / "run_config.toml", _federation(), path) == 0
+    finally:
+        spare.release()
+    assert spare._waiting is None and rounds(path) == [1] and not (path / "order.json").exists()
+
+
+def test_a_spare_warms_up_as_a_started_process_and_serves_its_run_in_its_own_process(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What ``start_spare`` forks, called here: the warm-up gives this process the environment and path a
+    started one gets and imports the backend's ClientApp, and the run given to it runs here, with that ClientApp
+    (its first log line says it came to a spare)."""
+    started: list[tuple[list[str], Callable[[], None], Callable[[spare.Order], None]]] = []
+    monkeypatch.setattr(spare, "start", lambda key, warm_up, serve: started.append((key, warm_up, serve)))
+    monkeypatch.setattr(sys, "path", ["/first", *sys.path])
+    for name in one_process.MALLOC:
+        monkeypatch.setenv(name, os.environ.get(name, str(one_process.MALLOC[name][0])))
+    for name in ("PYTHONPATH", "FLWR_HOME", "FLWR_TELEMETRY_ENABLED"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    inprocess_app = INPROCESS_CLIENTAPP.split(":")[0]
+    monkeypatch.delitem(sys.modules, inprocess_app, raising=False)
+    one_process.start_spare(ROOT, "inprocess")
+    ((key, warm_up, serve),) = started
+    assert key == one_process.spare_key(ROOT, "inprocess") == [str(ROOT), "inprocess"]
+    warm_up()
+    assert sys.path[:2] == [str(ROOT), "/first"] and os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert os.environ["FLWR_HOME"] == tempfile.gettempdir() and os.environ["FLWR_TELEMETRY_ENABLED"] == "0"
+    assert inprocess_app in sys.modules
+    del sys.modules[inprocess_app]  # the run imports it again
+    path = tiny_run(tmp_path / "runs", **{"num-rounds": 1})
+    home = str(path / "flwr-home")
+    order = {"run_config": str(path / "run_config.toml"), "environ": {"FLWR_HOME": home}, "nodes": "2"}
+    serve({**order, "cpus": "2", "gpus": "0"})
+    assert os.environ["FLWR_HOME"] == home and rounds(path) == [1] and inprocess_app in sys.modules
+    assert capsys.readouterr().out.startswith(one_process.SPARE_LOG + "\n")
+    assert f"{worker_count(2)} at once" in caplog.text
+    with pytest.raises(ValueError, match="a spare was given a run it cannot read"):
+        serve({**order, "cpus": "two", "gpus": "0"})
