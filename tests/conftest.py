@@ -73,13 +73,13 @@ def _renamed_since(pid: int, since: float | None) -> bool:
     if since is None or not Path("/proc").is_dir():
         return False
     started = procs.start_time(pid)  # clock ticks since boot; None when gone or a zombie
-    env = _environ(pid)
+    env = environ(pid)
     if started is None or env is None or _reads_as_environment(env) or started / os.sysconf("SC_CLK_TCK") < since:
         return False
     return _owner_is_ours(pid) is not False
 
 
-def _environ(pid: int) -> list[bytes] | None:
+def environ(pid: int) -> list[bytes] | None:
     """``/proc/PID/environ``'s entries, or None when it is gone or not ours to read."""
     try:
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -97,7 +97,7 @@ def _owner_is_ours(pid: int) -> bool | None:
     """Whether the nearest process above ``pid`` whose environment reads as one is this session's; None if none is."""
     parent = procs.parent(pid)
     while parent is not None and parent > 1:
-        env = _environ(parent)
+        env = environ(parent)
         if env is not None and _reads_as_environment(env):
             return _tag() in env
         parent = procs.parent(parent)
@@ -112,7 +112,7 @@ def _ours(pid: int) -> bool:
     """Whether ``pid`` carries this session's tag (always true where /proc is missing)."""
     if not Path("/proc").is_dir():
         return True
-    env = _environ(pid)  # None: gone already, or not ours to read
+    env = environ(pid)  # None: gone already, or not ours to read
     return env is not None and _tag() in env
 
 

@@ -12,7 +12,8 @@ from bridge import flower, simulation
 from bridge.runtime.simulation_backend import InProcessBackend, worker_count
 from experiments.flower.app_files import INPROCESS_CLIENTAPP, clientapp_for, stage_app
 from fedsketch.server import runlog
-from tests.tiny_runs import ROOT, rounds, tiny_run
+from tests.conftest import ROOT
+from tests.tiny_runs import rounds, tiny_run
 
 
 def test_the_run_config_file_is_read_as_flwr_run_reads_it(tmp_path: Path) -> None:

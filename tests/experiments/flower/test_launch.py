@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from experiments.flower import launch
-from experiments.flower.federation import Federation
-from tests.tiny_runs import ROOT, rounds, tiny_run
+from tests.conftest import ROOT
+from tests.tiny_runs import rounds, tiny_federation, tiny_run
 
 
 @pytest.mark.slow  # Flower's processes on loopback
@@ -18,7 +18,7 @@ def test_the_federation_names_the_runtime_that_runs_it(tmp_path: Path, runtime: 
     path = tiny_run(tmp_path / "runs", **{"num-rounds": 1})
     homes.append(path / "flwr-home")
     polls: list[None] = []
-    fed = Federation(num_supernodes=2, cpus_per_client=1, backend="inprocess", runtime=runtime)
+    fed = tiny_federation(runtime=runtime)
     assert launch.simulate(ROOT, path / "run_config.toml", fed, path, lambda: polls.append(None)) == 0
     assert rounds(path) == [1] and polls
     assert (path / "flwr-home" / "config.toml").exists() is (runtime == "superlink")

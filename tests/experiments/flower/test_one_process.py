@@ -21,9 +21,9 @@ import pytest
 from bridge.runtime.simulation_backend import worker_count
 from experiments.flower import one_process, procs, spare
 from experiments.flower.app_files import INPROCESS_CLIENTAPP
-from experiments.flower.federation import Federation
 from fedsketch.server import runlog
-from tests.tiny_runs import ROOT, rounds, tiny_run
+from tests.conftest import ROOT, environ
+from tests.tiny_runs import rounds, tiny_federation, tiny_run
 
 
 def test_the_process_gets_the_app_first_on_its_path_and_the_malloc_settings_unless_set(
@@ -146,10 +146,6 @@ def test_the_command_line_runs_the_run_it_names_in_this_process(
     assert rounds(path) == [1, 2] and f"{worker_count(2)} at once" in caplog.text and "(no Ray)" in caplog.text
 
 
-def _federation(backend: str = "inprocess") -> Federation:
-    return Federation(num_supernodes=2, cpus_per_client=1, backend=backend)
-
-
 @pytest.mark.slow  # a run in a process of its own
 def test_a_run_goes_in_a_process_of_its_own_with_its_environment_and_logs_to_its_folder(
     tmp_path: Path, homes: list[Path]
@@ -165,14 +161,12 @@ def test_a_run_goes_in_a_process_of_its_own_with_its_environment_and_logs_to_its
 
     def poll() -> None:
         for pid in procs.processes_with_env("FLWR_HOME", str(home)):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:  # it ended since
-                continue
-            seen.append(dict(e.decode().split("=", 1) for e in environ if b"=" in e))
+            entries = environ(pid)  # None: it ended since
+            if entries is not None:
+                seen.append(dict(e.decode().split("=", 1) for e in entries if b"=" in e))
 
     try:
-        assert one_process.one_process_run(ROOT, path / "run_config.toml", _federation(), path, poll) == 0
+        assert one_process.one_process_run(ROOT, path / "run_config.toml", tiny_federation(), path, poll) == 0
     finally:
         spare.release()
     assert other.child.wait(timeout=10) is not None and not (path / "order.json").exists()
@@ -229,22 +223,22 @@ def test_a_run_goes_to_the_spare_started_for_it_with_what_a_process_would_get_an
     process would; when it is stopped, what the run left is stopped too: killed at once once the run is
     done (it keeps nothing the run needs), given time to end on SIGTERM otherwise."""
     path = tiny_run(tmp_path / done)
-    home = str(path / "flwr-home")
-    homes.append(path / "flwr-home")
+    home = path / "flwr-home"
+    homes.append(home)
     waiting = _spare_for("inprocess")
-    fed = Federation(num_supernodes=3, cpus_per_client=2, gpus_per_client=0.0, backend="inprocess")
+    fed = tiny_federation(num_supernodes=3, cpus_per_client=2)
     polls: list[None] = []
     try:
         code = one_process.one_process_run(ROOT, path / "run_config.toml", fed, path, lambda: polls.append(None))
         assert code == 0 and polls and waiting.child.poll() is not None
-        assert not procs.processes_with_env("FLWR_HOME", home)
+        assert not procs.processes_with_env("FLWR_HOME", str(home))
     finally:
         spare.release()
     assert (path / "ended").exists() is (done == "not-done")
     assert json.loads((path / "order.json").read_text()) == {
         "run_config": str(path / "run_config.toml"),
         "log_file": str(path / "flower.log"),
-        "environ": one_process.process_env(ROOT, path / "flwr-home"),
+        "environ": one_process.process_env(ROOT, home),
         "nodes": "3",
         "cpus": "2",
         "gpus": "0.0",
@@ -261,7 +255,7 @@ def test_a_spare_that_ended_before_its_run_came_is_let_go_and_the_run_starts_a_p
     os.kill(waiting.child.pid, signal.SIGKILL)
     waiting.child.wait(timeout=10)
     try:
-        assert one_process.one_process_run(ROOT, path / "run_config.toml", _federation(), path) == 0
+        assert one_process.one_process_run(ROOT, path / "run_config.toml", tiny_federation(), path) == 0
     finally:
         spare.release()
     assert spare._waiting is None and rounds(path) == [1] and not (path / "order.json").exists()

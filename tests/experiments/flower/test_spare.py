@@ -6,7 +6,6 @@ given to it is a real Flower simulation whose rows must equal those of a process
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -20,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from experiments.flower import one_process, spare, spare_child
-from experiments.flower.federation import Federation
 from experiments.running import runner
 from fedsketch.config import RunConfig
 from fedsketch.server import runlog
+from tests.tiny_runs import tiny_federation
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3, "eval-every": 1, "model-hidden": 16, "k": 50}
@@ -35,10 +34,6 @@ def no_spare_left() -> Iterator[None]:
     test_pid = os.getpid()  # this test's process (not the one that imported the module, which may have forked it)
     yield
     spare.release()
-
-
-def _federation(**changes: object) -> Federation:
-    return dataclasses.replace(Federation(num_supernodes=2, cpus_per_client=1, backend="inprocess"), **changes)
 
 
 def _alive(pid: int) -> bool:
@@ -314,7 +309,7 @@ def test_a_run_given_to_the_spare_is_the_run_a_fresh_process_makes(tmp_path: Pat
             code, taken, seconds = done.stdout.split()
             assert taken == "True" and float(seconds) < 300, done.stdout + done.stderr
         else:
-            code = str(one_process.one_process_run(ROOT, path / "run_config.toml", _federation(), path))
+            code = str(one_process.one_process_run(ROOT, path / "run_config.toml", tiny_federation(), path))
         assert code == "0", (path / "flower.log").read_text()[-2000:]
         log = (path / "flower.log").read_text(errors="replace")
         assert (one_process.SPARE_LOG in log) is (name == "spare") and runlog.SERVER_DONE_LOG in log

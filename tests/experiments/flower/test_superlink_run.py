@@ -11,7 +11,8 @@ import pytest
 from experiments.flower import procs, superlink_run
 from experiments.flower.federation import Federation
 from fedsketch.server import runlog
-from tests.tiny_runs import ROOT, rounds, tiny_run
+from tests.conftest import ROOT
+from tests.tiny_runs import rounds, tiny_federation, tiny_run
 
 
 def test_the_connection_names_the_private_superlink_and_the_federation_it_simulates() -> None:
@@ -60,7 +61,7 @@ def test_flwr_run_submits_the_staged_app_to_the_private_superlink_and_streams_it
     path = tiny_run(tmp_path / "runs")
     homes.append(path / "flwr-home")
     polls: list[None] = []
-    fed = Federation(num_supernodes=2, cpus_per_client=1, backend="inprocess")
+    fed = tiny_federation()
     assert superlink_run.flwr_run(ROOT, path / "run_config.toml", fed, path, lambda: polls.append(None)) == 0
     log = (path / "flower.log").read_text()
     assert rounds(path) == [1, 2] and polls and runlog.server_done(path)
