@@ -131,6 +131,18 @@ def no_leftover_processes() -> Iterator[None]:
     assert not left, f"processes left behind: {sorted(left)}"
 
 
+@pytest.fixture(autouse=True)
+def own_environment() -> Iterator[None]:
+    """Each test ends with the environment it began with: code a test runs in this process (a spare's warm-up,
+    a command) sets variables that later tests' processes would inherit, such as the run's one-machine Ray
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), with which no ``ray start`` joins a cluster."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 HANDOFF_ENV = "FEDSKETCH_LOADED"  # fedsketch/data/handoff.py's ENV (not imported: it imports torch)
 
 
