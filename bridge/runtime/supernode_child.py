@@ -24,25 +24,25 @@ from bridge.runtime.joining import Joining, superlink_of, wait_joined
 from bridge.runtime.link_probe import ATTEMPTS, attempts_hint
 
 JOIN_PATIENCE_S = 2.0  # after warming up: how long the SuperNode may take to join before we say we wait
+RESTART_FIRST_S, RESTART_CAP_S = 2.0, 60.0  # the first wait before a restart, and the longest
 Fork = Callable[..., int]  # runs a function in a forked child, returns its pid (the launcher's ``_fork``)
 
 
 @dataclass
 class Restarts:
-    """The waits before starting a SuperNode again: ``first``, doubling after each start that did not join."""
+    """The waits before starting a SuperNode again: :data:`RESTART_FIRST_S`, doubling after each start that did
+    not join, up to :data:`RESTART_CAP_S`."""
 
-    first: float = 2.0
-    cap: float = 60.0
-    wait: float = first
+    wait: float = RESTART_FIRST_S
 
     def next(self) -> float:
         """The wait before this restart (the next one waits twice as long)."""
-        wait, self.wait = self.wait, min(self.cap, self.wait * 2)
+        wait, self.wait = self.wait, min(RESTART_CAP_S, self.wait * 2)
         return wait
 
     def joined(self) -> None:
-        """The SuperNode joined: a later restart waits ``first`` again."""
-        self.wait = self.first
+        """The SuperNode joined: a later restart waits :data:`RESTART_FIRST_S` again."""
+        self.wait = RESTART_FIRST_S
 
 
 class SuperNodeChild:
@@ -81,12 +81,13 @@ class SuperNodeChild:
         """
         self._wait_listening(waiting)
         line = f"launcher: waiting for the SuperLink at {self.superlink} (the SuperNode retries until it connects)"
-        device_tls, said = "--insecure" not in self.command, list[str]()
+        device_tls, said = "--insecure" not in self.command, False
 
         def on_slow() -> None:
+            nonlocal said
             if not said:
                 print(line, flush=True)
-                said.append(line)
+                said = True
 
         def on_retry(attempts: int) -> None:
             if attempts == ATTEMPTS:
@@ -100,7 +101,7 @@ class SuperNodeChild:
     def _wait_listening(self, waiting: Callable[[], bool]) -> None:
         """Until the SuperNode's Runtime API accepts connections (or it exits, or ``waiting()`` turns false)."""
         while waiting():
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            with socket.socket() as s:  # TCP over IPv4
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
             time.sleep(0.1)

@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 import types
+from logging import INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -62,8 +64,57 @@ def test_workers_follow_the_cores_over_each_nodes_cpus_as_rays_pool_does() -> No
     assert worker_count(2, cores=2) == 1
     assert worker_count(8, cores=2) == 1
     assert worker_count(4, cores=16) == 4
+    cores = len(os.sched_getaffinity(0))
+
+    def made(config: dict[str, Any]) -> tuple[int, int]:
+        backend = InProcessBackend({**config, "init_args": {}})
+        assert backend.is_worker_idle()  # it never queues: a message goes to a free worker thread
+        return backend.num_workers, backend.threads
+
+    # a node's CPUs: one unless given (0 and below one count as one); the workers share the cores' threads
+    one = [{"client_resources": {"num_cpus": n}} for n in (1, 0, 0.5)]
+    assert [made(c) for c in [{}, {"client_resources": {}}, *one]] == [(worker_count(1), 1)] * 5
+    assert made({"client_resources": {"num_cpus": cores}}) == (1, cores)
+
+
+def test_a_message_before_build_is_refused_by_name() -> None:
     backend = InProcessBackend({"client_resources": {"num_cpus": 1}, "init_args": {}})
-    assert backend.num_workers == worker_count(1)
+    with task_identity(), pytest.raises(ValueError) as refused:
+        backend.process_message(_request(1), _context())
+    assert str(refused.value) == "InProcessBackend.process_message called before build()"
+
+
+def test_each_call_runs_with_the_backends_torch_threads_and_build_says_how_many(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker thread's torch threads are set for its calls, whatever the thread had (torch keeps them per thread)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    seen: list[int] = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        seen.append(torch.get_num_threads())
+        return Message(RecordDict(), reply_to=msg)
+
+    backend = InProcessBackend({"client_resources": {"num_cpus": cores}, "init_args": {}})
+    with caplog.at_level(INFO, logger="flwr"):
+        backend.build(lambda: app)
+    said = "fedsketch: ClientApp calls run in the simulation process, 1 at once, %d torch threads each (no Ray)"
+    assert said % cores in caplog.messages
+
+    def worker() -> None:
+        for before in (cores + 1, cores + 2):
+            torch.set_num_threads(before)
+            with task_identity():
+                backend.process_message(_request(1), _context())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [cores, cores]
 
 
 def test_a_message_gets_its_reply_and_the_nodes_context_keeps_what_the_clientapp_stored() -> None:
@@ -172,9 +223,11 @@ class _HeldMessages:
     def __init__(self) -> None:
         self.waiting: dict[int, list[str]] = {}
         self.lock = threading.Lock()
+        self.limits: set[int | None] = set()
 
     def get_message_ins(self, node_id: int, limit: int | None) -> list[str]:
         with self.lock:
+            self.limits.add(limit)
             held = self.waiting.get(node_id, [])
             taken, self.waiting[node_id] = held[:limit], held[limit:]
             return taken
@@ -199,13 +252,15 @@ def test_the_pick_up_loop_takes_a_message_within_its_short_wait_and_stops_when_a
     finally:
         stop.set()
         loop.join(timeout=2)
-    assert not loop.is_alive()
-    assert pickup_wait(2) == 0.01 and pickup_wait(100) == 0.1
+    assert not loop.is_alive() and state.limits == {1}  # one message a node each look, as Flower's loop asks
+    assert pickup_wait(0) == pickup_wait(1) == 0.005 and pickup_wait(2) == 0.01 and pickup_wait(100) == 0.1
     # Flower's own loop waits 0.1 s between looks (0.05 s on average); two nodes wait 0.01 s
     assert sorted(latencies)[2] < 0.03, latencies
 
 
-def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import inspect
 
     from flwr.server.superlink.fleet.vce import vce_api
@@ -218,14 +273,41 @@ def test_install_puts_the_short_wait_loop_where_flowers_engine_looks_it_up(monke
     assert "f_stop.wait(0.1)" in inspect.getsource(flowers)  # the wait this replaces
     install()
     assert vce_api.add_messages_to_queue is simulation_backend.add_messages_to_queue
+    assert simulation_backend.pick_up_sooner(vce_api)  # in place already
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", flowers)
+    assert simulation_backend.pick_up_sooner(vce_api)
+    assert vce_api.add_messages_to_queue is simulation_backend.add_messages_to_queue
     # run_api starts its extractor thread from the module's name, after the ClientApp is loaded
     assert "target=add_messages_to_queue" in inspect.getsource(vce_api.run_api)
 
     def other_loop(state: object, queue: object) -> None: ...
 
     monkeypatch.setattr(vce_api, "add_messages_to_queue", other_loop)
-    assert not simulation_backend.pick_up_sooner(vce_api)  # a changed engine keeps its own loop
+    with caplog.at_level(WARNING, logger="flwr"):
+        assert not simulation_backend.pick_up_sooner(vce_api)  # a changed engine keeps its own loop
+        assert not simulation_backend.pick_up_sooner(types.ModuleType("engine"))  # or one without a loop
     assert vce_api.add_messages_to_queue is other_loop
+    changed = "fedsketch: Flower's simulation engine changed; its message pick-up keeps its own 0.1 s wait"
+    assert caplog.messages == [changed, changed]
+
+
+def test_install_swaps_the_class_of_rays_module_when_imported_and_else_stands_in_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)  # install() replaces it
+    rays = types.ModuleType(RAY_MODULE)
+    monkeypatch.setitem(sys.modules, RAY_MODULE, rays)
+    install()
+    assert sys.modules[RAY_MODULE] is rays and rays.RayBackend is InProcessBackend  # type: ignore[attr-defined]
+    del sys.modules[RAY_MODULE]
+    install()
+    stand_in = sys.modules[RAY_MODULE]
+    assert stand_in is not rays and stand_in.RayBackend is InProcessBackend  # type: ignore[attr-defined]
+    assert stand_in.__doc__ == (
+        "fedsketch's in-process backend in place of Ray's (see bridge/runtime/simulation_backend.py)"
+    )
 
 
 TINY = [
