@@ -273,10 +273,8 @@ def test_a_spare_warms_up_as_a_started_process_and_serves_its_run_in_its_own_pro
     started: list[tuple[list[str], Callable[[], None], Callable[[spare.Order], None]]] = []
     monkeypatch.setattr(spare, "start", lambda key, warm_up, serve: started.append((key, warm_up, serve)))
     monkeypatch.setattr(sys, "path", ["/first", *sys.path])
-    for name in one_process.MALLOC:
+    for name in one_process.MALLOC:  # set: the warm-up calls no mallopt in the test's process
         monkeypatch.setenv(name, os.environ.get(name, str(one_process.MALLOC[name][0])))
-    for name in ("PYTHONPATH", "FLWR_HOME", "FLWR_TELEMETRY_ENABLED"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))
     inprocess_app = INPROCESS_CLIENTAPP.split(":")[0]
     monkeypatch.delitem(sys.modules, inprocess_app, raising=False)
     one_process.start_spare(ROOT, "inprocess")

@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 
 from experiments.flower import one_process, spare, spare_child
-from experiments.running import runner
-from fedsketch.config import RunConfig
 from fedsketch.server import runlog
-from tests.tiny_runs import tiny_federation
+from tests.conftest import ROOT
+from tests.tiny_runs import tiny_federation, tiny_run
 
-ROOT = Path(__file__).resolve().parents[3]
-TINY = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3, "eval-every": 1, "model-hidden": 16, "k": 50}
+LARGER = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3}
+"""The tiny run, with more clients and rounds: rows to compare."""
 
 
 @pytest.fixture(autouse=True)
@@ -296,7 +295,7 @@ development machine)."""
 def test_a_run_given_to_the_spare_is_the_run_a_fresh_process_makes(tmp_path: Path) -> None:
     outs = []
     for name in ("spare", "fresh"):
-        path = runner.prepare(RunConfig.from_mapping({**TINY, "out-dir": str(tmp_path / name)}))
+        path = tiny_run(tmp_path / name, **LARGER)
         if name == "spare":
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             done = subprocess.run(
@@ -314,4 +313,4 @@ def test_a_run_given_to_the_spare_is_the_run_a_fresh_process_makes(tmp_path: Pat
         log = (path / "flower.log").read_text(errors="replace")
         assert (one_process.SPARE_LOG in log) is (name == "spare") and runlog.SERVER_DONE_LOG in log
         outs.append(path)
-    assert _rows(outs[0]) == _rows(outs[1]) and len(_rows(outs[0])) == TINY["num-rounds"]
+    assert _rows(outs[0]) == _rows(outs[1]) and len(_rows(outs[0])) == LARGER["num-rounds"]
