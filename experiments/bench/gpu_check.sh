@@ -9,7 +9,10 @@
 #           seeds SEEDS: about one participation (P1_ROUNDS) for each method of CELL_STRATEGIES in turn, then
 #           local top-k at FetchSGD's upload (k = MATCHED_K); beside it, about ten (P10_ROUNDS), each method in a
 #           process of its own, all at once;
-#   tests   the suite's GPU tests.
+#   tests   the suite's GPU tests;
+#   mutants the CUDA-only mutants (tests/tools/cuda_mutants.py) against those tests, in the copy that
+#           `python -m tests.tools.cuda_mutants prepare mutants-work/cuda` made beforehand (carry mutants-work/cuda);
+#           outcomes in OUT/cuda-mutants.json, for `mutation_report --cuda`.
 # Every figure and log goes to OUT (default /tmp/gpu-check); the runs' metrics to OUT/runs.tar.gz.
 # Where flwr is not installed, wheels in .device/whl are installed first (the machine has no network);
 # MNIST's files are read from .device/mnist, or from ../shared/data/mnist.
@@ -89,5 +92,10 @@ if has tests; then
     # only the files that hold GPU tests: the others may import what the machine lacks (datasets, mlflow)
     timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -rs -m gpu $(grep -rl "mark.gpu" tests --include="test_*.py") \
         2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+fi
+if has mutants; then
+    (cd mutants-work/cuda/tree && PYTHONPATH=../site:$PYTHONPATH timeout -k 10 "${MUTANTS_BUDGET:-420}" \
+        python3 -m tests.tools.cuda_mutants check --limit 60 --out "$OUT/cuda-mutants.json" -- -rs -m gpu \
+        $(grep -rl "mark.gpu" tests --include="test_*.py")) 2>&1 | tail -40 | tee "$OUT/cuda_mutants.log"
 fi
 grep -h -A12 "^| run " "$OUT"/paired.log "$OUT"/single.log "$OUT"/clients-*.log 2>/dev/null | grep "^|" | tee "$OUT/summary.txt"

@@ -180,6 +180,14 @@ def test_a_federation_is_checked_and_built_from_the_arguments() -> None:
         api.federation(2, -1.0)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_machine_the_nodes_split_its_gpus_unless_told() -> None:
+    """Ray hides the GPUs from a worker that asks for none: a share of 0 would train every client on the CPU."""
+    assert api.federation(4, None, "ray").gpus_per_client == min(1.0, torch.cuda.device_count() / 4) > 0
+    assert api.federation(2, 0.0, "ray").gpus_per_client == 0.0
+
+
 def test_a_device_the_backends_workers_cannot_see_is_refused(tmp_path: Path) -> None:
     runs = runner.load_experiment(tiny(tmp_path), {"out-dir": str(tmp_path)}, strategies=["fedavg", "fetchsgd"]).runs
     ray = Federation(num_supernodes=2, backend="ray", gpus_per_client=0.5)

@@ -115,3 +115,14 @@ def test_a_checkpoint_of_another_model_size_is_refused_before_anything_is_restor
         resume.restore(cfg, tmp_path, bigger)
     assert [json.loads(line)["round"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 3]
     assert runlog.resumed_after(tmp_path) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_resume_on_a_gpu_puts_the_saved_weights_and_state_where_the_runs_live(tmp_path: Path) -> None:
+    cfg, saved = config(2), values(2, seed=3)
+    resume.checkpoint_round(cfg, tmp_path, 5, 12.5, saved)
+    fresh = values(0, seed=8)
+    back = resume.restore(cfg, tmp_path, replace(fresh, weights=fresh.weights.cuda(), state=fresh.state.cuda()))
+    assert back.values is not None and back.values.weights.is_cuda and back.values.state.is_cuda
+    assert torch.equal(back.values.weights.cpu(), saved.weights) and torch.equal(back.values.state.cpu(), saved.state)

@@ -460,6 +460,7 @@ def test_a_round_whose_clients_all_report_no_loss_is_applied_with_no_train_loss(
     assert np.isnan(row["train_loss"]) and np.isnan(strat.books.last_loss)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_round_on_a_gpu_steps_the_model_where_it_lives() -> None:
     strat = strategy(**{"num-rounds": 1, "eval-every": 1, "device": "cuda"})

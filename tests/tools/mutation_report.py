@@ -17,7 +17,8 @@ The score is killed / (killed + survived), as the mutation-testing literature de
 equivalent mutants are excluded, mutants no selected test reaches count as survived, and
 timeouts (a mutant that made a test hang) count as killed. The CUDA-only mutants count as
 survived in the score; the score "on a CPU" leaves them out, as a machine without CUDA cannot
-tell them apart (the tests marked ``gpu`` check them where a GPU is present).
+tell them apart (the tests marked ``gpu`` check them where a GPU is present); ``--cuda FILE``, the outcomes
+``python -m tests.tools.cuda_mutants check`` wrote on a GPU, counts them as they came out there.
 """
 
 from __future__ import annotations
@@ -115,16 +116,19 @@ def load_listed(path: Path = EQUIVALENTS) -> Listed:
     return Listed(data.get("equivalent", {}), data.get("needs_cuda", {}))
 
 
-def outcome(exit_code: int | None, name: str, listed: Listed) -> str:
+def outcome(exit_code: int | None, name: str, listed: Listed, on_gpu: Mapping[str, str] | None = None) -> str:
+    """A mutant's column; ``on_gpu``: the outcomes of the CUDA-only mutants on a GPU (:mod:`tests.tools.cuda_mutants`)."""
     status = _BY_EXIT_CODE.get(exit_code, OTHER)
     if status in (SURVIVED, NO_TESTS) and name in listed.equivalent:
         return EQUIVALENT
     if status in (SURVIVED, NO_TESTS) and name in listed.needs_cuda:
-        return NEEDS_CUDA
+        return (on_gpu or {}).get(name, NEEDS_CUDA)
     return status
 
 
-def tally(mutants_dir: Path, listed: Listed) -> tuple[dict[str, Tally], list[str]]:
+def tally(
+    mutants_dir: Path, listed: Listed, on_gpu: Mapping[str, str] | None = None
+) -> tuple[dict[str, Tally], list[str]]:
     """Each module's tally, and the mutants listed as equivalent that were killed (the list is stale)."""
     metas = sorted(mutants_dir.rglob("*.py.meta"))
     if not metas:
@@ -137,7 +141,7 @@ def tally(mutants_dir: Path, listed: Listed) -> tuple[dict[str, Tally], list[str
             continue
         module = modules.setdefault(meta.relative_to(mutants_dir).as_posix().removesuffix(".meta"), Tally())
         for name, code in codes.items():
-            status = outcome(code, name, listed)
+            status = outcome(code, name, listed, on_gpu)
             module.counts[status] += 1
             if status in MISSED:
                 module.survivors.append(name)
@@ -146,12 +150,14 @@ def tally(mutants_dir: Path, listed: Listed) -> tuple[dict[str, Tally], list[str
     return modules, stale
 
 
-def tally_all(dirs: Iterable[Path], listed: Listed) -> tuple[dict[str, Tally], list[str]]:
+def tally_all(
+    dirs: Iterable[Path], listed: Listed, on_gpu: Mapping[str, str] | None = None
+) -> tuple[dict[str, Tally], list[str]]:
     """:func:`tally` over several runs' folders (one per group of modules), merged by module."""
     modules: dict[str, Tally] = {}
     stale: list[str] = []
     for folder in dirs:
-        found, old = tally(folder, listed)
+        found, old = tally(folder, listed, on_gpu)
         for name, module in found.items():
             modules.setdefault(name, Tally()).add(module)
         stale += old
@@ -205,13 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mutants", type=Path, action="append", help="mutmut's folder (repeat for several runs)")
     parser.add_argument("--equivalents", type=Path, default=EQUIVALENTS)
+    parser.add_argument("--cuda", type=Path, help="the CUDA-only mutants' outcomes on a GPU (cuda_mutants check)")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--survivors", action="store_true", help="list every survivor by name")
     parser.add_argument("--min-module", type=float, default=0.0, help="exit 1 if a module scores under this %%")
     parser.add_argument("--min-total", type=float, default=0.0, help="exit 1 if all modules score under this %%")
     args = parser.parse_args(argv)
     try:
-        modules, stale = tally_all(args.mutants or [Path("mutants")], load_listed(args.equivalents))
+        on_gpu = json.loads(args.cuda.read_text()) if args.cuda else None
+        modules, stale = tally_all(args.mutants or [Path("mutants")], load_listed(args.equivalents), on_gpu)
     except (OSError, ValueError, KeyError, tomllib.TOMLDecodeError) as err:
         print(f"mutation_report: {err}", file=sys.stderr)
         return 2

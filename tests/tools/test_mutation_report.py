@@ -107,3 +107,20 @@ def test_a_module_exactly_at_the_goal_meets_it(run: Path) -> None:
     (run / "mutants" / "pkg" / "b.py.meta").unlink()  # module a alone: 87.5%
     assert mr.main([*args, "--min-module", "87.5", "--min-total", "87.5"]) == 0
     assert mr.main([*args, "--min-module", "87.6"]) == 1
+
+
+def test_the_cuda_only_mutants_outcomes_on_a_gpu_take_their_place(run: Path) -> None:
+    """``--cuda FILE``: what ``cuda_mutants check`` found on a GPU; a mutant it did not try stays "needs CUDA"."""
+    listed = mr.load_listed(run / "listed.toml")
+    modules, _ = mr.tally(run / "mutants", listed, {"pkg.b.x_g__mutmut_1": mr.KILLED})
+    b = modules["pkg/b.py"]
+    assert (b.counts["killed"], b.counts["needs CUDA"], b.score) == (2, 0, 2 / 3)
+    modules, _ = mr.tally(run / "mutants", listed, {"pkg.b.x_g__mutmut_1": mr.SURVIVED})
+    assert modules["pkg/b.py"].counts["survived"] == 1 and modules["pkg/b.py"].cpu_score == 1 / 3
+    modules, _ = mr.tally(run / "mutants", listed, {"pkg.a.x_f__mutmut_4": mr.KILLED})  # not listed: mutmut's word
+    assert modules["pkg/a.py"].counts["survived"] == 1
+    on_gpu = run / "cuda.json"
+    on_gpu.write_text(json.dumps({"pkg.b.x_g__mutmut_1": mr.TIMEOUT}))
+    args = ["--mutants", str(run / "mutants"), "--equivalents", str(run / "listed.toml"), "--cuda", str(on_gpu)]
+    assert mr.main([*args, "--min-module", "66"]) == 0  # 1 killed + 1 timeout of 3
+    assert mr.main([*args, "--min-module", "67"]) == 1
