@@ -21,6 +21,7 @@ import pytest
 from experiments.flower import one_process, spare, spare_child
 from fedsketch.server import runlog
 from tests.conftest import ROOT
+from tests.forked_credit import Credit
 from tests.tiny_runs import tiny_federation, tiny_run
 
 LARGER = {"num-clients": 8, "clients-per-round": 4, "num-rounds": 3}
@@ -152,15 +153,22 @@ def _serve(order: spare.Order) -> None:
         raise RuntimeError("the run failed")
 
 
+_credit = Credit()
+
+
 def _warm_up() -> None:
     if os.getpid() == test_pid:  # the test's own process became the spare: it fails (exit 1), not exits 0
         raise RuntimeError("the spare runs in the test's process")
+    _credit.send()  # what the spare ran until now (spare_child.py), credited to the test under mutmut's record
     print("warming up", flush=True)  # before any run: heard by nobody
 
 
 def _fork() -> None:
+    global _credit
+    _credit = Credit()
     spare.start(KEY, _warm_up, _serve)
     _only_the_test_goes_on()
+    _credit.receive()
 
 
 def _taken() -> spare.Spare:
