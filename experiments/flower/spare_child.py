@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 NAME = "fedsketch-sim"
 """The spare's process name (``/proc/PID/comm``, what ``ps`` and ``pgrep`` show); its command line is the command's."""
@@ -24,15 +24,15 @@ def be_the_spare(read_fd: int, write_fd: int, warm_up: Callable[[], None], serve
     try:
         os.close(write_fd)
         os.setsid()
-        ctypes.CDLL(None).prctl(PR_SET_NAME, NAME.encode(), 0, 0, 0)
+        ctypes.CDLL(None).prctl(PR_SET_NAME, NAME.encode())  # PR_SET_NAME reads no further argument
         quiet = os.open(os.devnull, os.O_RDWR)
         for fd in (1, 2):
             os.dup2(quiet, fd)
         os.close(quiet)
-        before = {id(sys.stdout): 1, id(sys.stderr): 2}
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 -- for the process's whole life
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        _log_to_the_new_streams(before)
+        before = {id(sys.stdout), id(sys.stderr)}
+        # one line-buffered stream for both: descriptors 1 and 2 go to one file, /dev/null and then the run's log
+        sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 -- for the process's life
+        _log_to_the_new_stream(before, sys.stdout)
         warm_up()
         line = _read_line(read_fd)
         if line.strip():
@@ -51,16 +51,16 @@ def be_the_spare(read_fd: int, write_fd: int, warm_up: Callable[[], None], serve
         os._exit(code)
 
 
-def _log_to_the_new_streams(before: dict[int, int]) -> None:
+def _log_to_the_new_stream(before: set[int], stream: TextIO) -> None:
     """Point every logging handler that wrote to the command's ``sys.stdout`` or ``sys.stderr`` (``before``: their
-    ids, and the descriptor each stands for) at this process's own, which its run's log then receives."""
+    ids) at ``stream``, this process's own, which its run's log then receives."""
     loggers = [
         logging.getLogger(),
         *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
     ]
     for handler in (h for logger in loggers for h in logger.handlers):
         if isinstance(handler, logging.StreamHandler) and id(handler.stream) in before:
-            handler.setStream(sys.stdout if before[id(handler.stream)] == 1 else sys.stderr)
+            handler.setStream(stream)
 
 
 def _read_line(fd: int) -> str:

@@ -54,13 +54,15 @@ def _only_the_test_goes_on() -> None:
         try:
             if spare._waiting is not None:
                 os.write(spare._waiting.order_fd, b'{"log_file": "/"}\n')
-        finally:  # nobody reading (no spare waits): the write fails, the copy ends all the same
-            os._exit(1)
+        finally:  # nobody reading (no spare waits): the write fails, the copy ends all the same, with a code
+            os._exit(3)  # no spare's own (0 or 1): a spare that returned into the test is caught by its code
 
 
 def _start() -> None:
-    one_process.start_spare(ROOT, "inprocess")
-    _only_the_test_goes_on()
+    try:
+        one_process.start_spare(ROOT, "inprocess")
+    finally:  # also a spare that raised out of its side of the fork: it never runs the test's code
+        _only_the_test_goes_on()
 
 
 def test_a_spare_nobody_takes_is_stopped_when_released() -> None:
@@ -145,10 +147,18 @@ KEY = ["app", "backend"]
 
 
 def _serve(order: spare.Order) -> None:
-    """A run as a spare serves it: what it was given, written where the order says, and a line to its log."""
+    """A run as a spare serves it: what it was given, written where the order says, and lines to its log (with
+    ``hold``: one line, then it waits until that file exists)."""
+    if "hold" in order:
+        print("a line, not flushed")
+        deadline = time.monotonic() + 10
+        while not Path(order["hold"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return
     Path(order["out"]).write_text(json.dumps(order))
     print("served", flush=True)
     logging.getLogger("fedsketch.test.spare").warning("logged")
+    logging.getLogger("fedsketch.test.spare_out").warning("logged to the output")
     if order.get("fail"):
         raise RuntimeError("the run failed")
 
@@ -161,13 +171,16 @@ def _warm_up() -> None:
         raise RuntimeError("the spare runs in the test's process")
     _credit.send()  # what the spare ran until now (spare_child.py), credited to the test under mutmut's record
     print("warming up", flush=True)  # before any run: heard by nobody
+    os.write(2, b"warming up\n")  # as a library writes to the process's error output
 
 
 def _fork() -> None:
     global _credit
     _credit = Credit()
-    spare.start(KEY, _warm_up, _serve)
-    _only_the_test_goes_on()
+    try:
+        spare.start(KEY, _warm_up, _serve)
+    finally:  # also a spare that raised out of its side of the fork: it never runs the test's code
+        _only_the_test_goes_on()
     _credit.receive()
 
 
@@ -181,12 +194,17 @@ def _taken() -> spare.Spare:
 def test_a_spare_given_a_run_serves_it_in_a_session_of_its_own_logging_to_the_runs_log(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    handler = logging.StreamHandler(sys.stderr)  # the command's own handler: the spare's log takes its lines
-    logging.getLogger("fedsketch.test.spare").addHandler(handler)
+    handlers = {  # the command's own handlers
+        "fedsketch.test.spare": logging.StreamHandler(sys.stderr),
+        "fedsketch.test.spare_out": logging.StreamHandler(sys.stdout),
+    }
+    for name, handler in handlers.items():
+        logging.getLogger(name).addHandler(handler)  # the spare's log takes their lines
     try:
         taken = _taken()
     finally:
-        logging.getLogger("fedsketch.test.spare").removeHandler(handler)
+        for name, handler in handlers.items():
+            logging.getLogger(name).removeHandler(handler)
     pid = taken.child.pid
     deadline = time.monotonic() + 10  # it names itself once forked
     while Path(f"/proc/{pid}/comm").read_text().strip() != spare_child.NAME and time.monotonic() < deadline:
@@ -197,8 +215,23 @@ def test_a_spare_given_a_run_serves_it_in_a_session_of_its_own_logging_to_the_ru
     assert taken.give(order) is taken.child
     assert taken.child.wait(timeout=10) == 0
     assert json.loads((tmp_path / "order").read_text()) == order  # a line longer than one read, whole
-    assert (tmp_path / "run.log").read_text() == "before\nserved\nlogged\n"
-    assert "warming up" not in capfd.readouterr().out
+    assert (tmp_path / "run.log").read_text() == "before\nserved\nlogged\nlogged to the output\n"
+    said = capfd.readouterr()
+    assert "warming up" not in said.out + said.err
+
+
+def test_the_runs_log_gets_each_line_when_it_is_printed(tmp_path: Path) -> None:
+    """A spare's log is followed as it is written (``tail -f``): a line is there once printed, not once a buffer fills."""
+    log, hold = tmp_path / "run.log", tmp_path / "hold"
+    taken = _taken()
+    taken.give({"log_file": str(log), "hold": str(hold)})
+    deadline = time.monotonic() + 5
+    while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen = log.read_text() if log.exists() else ""
+    hold.touch()
+    assert taken.child.wait(timeout=10) == 0
+    assert seen == "a line, not flushed\n"
 
 
 def test_a_run_that_fails_in_the_spare_leaves_its_traceback_in_the_runs_log_and_exits_1(tmp_path: Path) -> None:

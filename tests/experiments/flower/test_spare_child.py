@@ -9,10 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
-import sys
 import threading
-
-import pytest
 
 from experiments.flower import spare_child
 
@@ -43,17 +40,8 @@ def test_the_line_ends_at_its_newline_and_without_one_at_the_inputs_end() -> Non
     assert spare_child._read_line(_pipe_with()) == ""
 
 
-def _new_streams(monkeypatch: pytest.MonkeyPatch) -> tuple[io.StringIO, io.StringIO]:
-    """The process's new standard output and error, in place of the command's (in the test's body: pytest sets its
-    own capture streams after the fixtures)."""
-    out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(sys, "stdout", out)
-    monkeypatch.setattr(sys, "stderr", err)
-    return out, err
-
-
-def test_every_handler_on_the_commands_streams_writes_to_the_new_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    old_out, old_err, elsewhere = io.StringIO(), io.StringIO(), io.StringIO()
+def test_every_handler_on_the_commands_streams_writes_to_the_new_one() -> None:
+    old_out, old_err, elsewhere, new = io.StringIO(), io.StringIO(), io.StringIO(), io.StringIO()
     root, named = logging.getLogger(), logging.getLogger("fedsketch.test.spare_child")
     handlers = [
         (root, logging.StreamHandler(old_err)),
@@ -63,23 +51,21 @@ def test_every_handler_on_the_commands_streams_writes_to_the_new_ones(monkeypatc
     for logger, handler in handlers:
         logger.addHandler(handler)
     try:
-        streams = _new_streams(monkeypatch)
-        spare_child._log_to_the_new_streams({id(old_out): 1, id(old_err): 2})
-        assert [h.stream for _, h in handlers] == [streams[1], streams[0], elsewhere]
+        spare_child._log_to_the_new_stream({id(old_out), id(old_err)}, new)
+        assert [h.stream for _, h in handlers] == [new, new, elsewhere]
     finally:
         for logger, handler in handlers:
             logger.removeHandler(handler)
 
 
-def test_a_placeholder_in_the_loggers_table_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    old_err = io.StringIO()
+def test_a_placeholder_in_the_loggers_table_is_passed_over() -> None:
+    old_err, new = io.StringIO(), io.StringIO()
     logging.getLogger("fedsketch.test.parent.child")  # makes a PlaceHolder for "fedsketch.test.parent"
     assert isinstance(logging.Logger.manager.loggerDict["fedsketch.test.parent"], logging.PlaceHolder)
     handler = logging.StreamHandler(old_err)
     logging.getLogger("fedsketch.test.parent.child").addHandler(handler)
     try:
-        streams = _new_streams(monkeypatch)
-        spare_child._log_to_the_new_streams({id(old_err): 2})
-        assert handler.stream is streams[1]
+        spare_child._log_to_the_new_stream({id(old_err)}, new)
+        assert handler.stream is new
     finally:
         logging.getLogger("fedsketch.test.parent.child").removeHandler(handler)
