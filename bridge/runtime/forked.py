@@ -142,6 +142,7 @@ def _exit(code: int) -> NoReturn:
 
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal this process gets when its parent dies
+PR_SET_NAME = 15  # Linux prctl option: the process's name
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
@@ -153,7 +154,7 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
     no-op. A launcher that died before the call is seen by the parent pid having changed.
     """
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))  # reads no further argument
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:
@@ -173,10 +174,9 @@ def limit_malloc_arenas(count: int) -> None:
 
 
 def _name_process(name: str) -> None:
-    """Set the process name ``ps`` and ``pgrep`` show (Linux; 15 characters at most)."""
+    """Set the process name ``ps`` and ``pgrep`` show (Linux; the kernel keeps 15 characters)."""
     try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode())  # reads no further argument
     except (OSError, AttributeError):
         pass
 

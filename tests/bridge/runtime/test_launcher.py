@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from bridge.runtime.forked import install_once
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import superlink_command, supernode_command
 from experiments.deployment.pki import make_certificates
@@ -19,23 +18,6 @@ from experiments.flower.flower_procs import bin_path, flower_env, free_port, sto
 from experiments.flower.procs import stop_carrying
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def test_a_fab_is_extracted_once_for_the_same_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
-    calls: list[bytes] = []
-
-    def flower_install(fab: bytes, install_dir: Path | None = None, skip_prompt: bool = False) -> Path:
-        calls.append(fab)
-        (folder := tmp_path / f"app-{len(calls)}").mkdir()
-        return folder
-
-    install = install_once(flower_install)
-    first = install(b"fab one", skip_prompt=True)
-    assert install(b"fab one", skip_prompt=True) == first and calls == [b"fab one"]
-    assert install(b"fab two", skip_prompt=True) != first and len(calls) == 2
-    shutil.rmtree(first)  # removed from disk: extracted again
-    assert install(b"fab one", skip_prompt=True).is_dir() and len(calls) == 3
 
 
 @pytest.mark.slow
