@@ -159,6 +159,7 @@ def _serve(order: spare.Order) -> None:
     print("served", flush=True)
     logging.getLogger("fedsketch.test.spare").warning("logged")
     logging.getLogger("fedsketch.test.spare_out").warning("logged to the output")
+    os.write(2, b"from a library\n")  # as a library writes to the process's error output
     if order.get("fail"):
         raise RuntimeError("the run failed")
 
@@ -215,7 +216,7 @@ def test_a_spare_given_a_run_serves_it_in_a_session_of_its_own_logging_to_the_ru
     assert taken.give(order) is taken.child
     assert taken.child.wait(timeout=10) == 0
     assert json.loads((tmp_path / "order").read_text()) == order  # a line longer than one read, whole
-    assert (tmp_path / "run.log").read_text() == "before\nserved\nlogged\nlogged to the output\n"
+    assert (tmp_path / "run.log").read_text() == "before\nserved\nlogged\nlogged to the output\nfrom a library\n"
     said = capfd.readouterr()
     assert "warming up" not in said.out + said.err
 
@@ -239,7 +240,7 @@ def test_a_run_that_fails_in_the_spare_leaves_its_traceback_in_the_runs_log_and_
     taken.give({"log_file": str(tmp_path / "run.log"), "out": str(tmp_path / "order"), "fail": True})
     assert taken.child.wait(timeout=10) == 1
     log = (tmp_path / "run.log").read_text()
-    assert log.startswith("served\nTraceback") and log.endswith("RuntimeError: the run failed\n")
+    assert log.startswith("served\nfrom a library\nTraceback") and log.endswith("RuntimeError: the run failed\n")
 
 
 def test_a_new_log_file_is_made_readable_and_a_given_spares_input_is_closed(tmp_path: Path) -> None:
