@@ -154,7 +154,7 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
     no-op. A launcher that died before the call is seen by the parent pid having changed.
     """
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))  # reads no further argument
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, int(sig))  # reads no further argument
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:
