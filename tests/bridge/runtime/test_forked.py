@@ -273,7 +273,13 @@ def _in_a_grandchild(told_its_parent: bool, sig: signal.Signals) -> bytes:
             me = os.getpid()
             if (grandchild := os.fork()) == 0:
                 try:
-                    signal.signal(sig, lambda signum, frame: (os.write(said_w, str(signum).encode()), os._exit(0)))
+
+                    def got(signum: int, frame: object) -> None:
+                        credit.send()  # in die_with_parent's own call when told another pid
+                        os.write(said_w, str(signum).encode())
+                        os._exit(0)
+
+                    signal.signal(sig, got)
                     forked.die_with_parent(me if told_its_parent else me + 100_000, sig)
                     credit.send()
                     os.write(said_w, b"armed ")
