@@ -17,6 +17,9 @@ import pytest
 import torch
 
 from tests.tools import cuda_mutants, mutation_report
+from tests.tools.mutation_run import mutmut_installed
+
+needs_mutmut = pytest.mark.skipif(not mutmut_installed(), reason="needs mutmut (pip install -e '.[mutation]')")
 
 SCHEDULE = "fedsketch.server.schedule.x_lr_at__mutmut_"
 CAUGHT_BY_CONSTANT = SCHEDULE + "1"  # caught by the constant schedule's tests
@@ -32,6 +35,7 @@ def test_a_mutants_module_and_function_are_read_from_its_name() -> None:
     assert cuda_mutants.function_of(method) == "strategies.strategy.xǁFedSketchStrategyǁ__init__"
 
 
+@needs_mutmut
 @pytest.mark.slow  # mutmut writes the mutants (10 s for the list), or a pytest session runs in a copy
 def test_every_listed_cuda_mutant_is_made_from_todays_source(tmp_path: Path) -> None:
     names = sorted(mutation_report.load_listed().needs_cuda)
@@ -41,6 +45,7 @@ def test_every_listed_cuda_mutant_is_made_from_todays_source(tmp_path: Path) -> 
     assert "_mutmut_orig" not in (tree / "fedsketch/sketch/hashing.py").read_text()  # no listed mutant there
 
 
+@needs_mutmut
 def test_a_name_todays_source_does_not_make_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"fedsketch/server/schedule.py: .*x_lr_at__mutmut_9999.*out of date"):
         cuda_mutants.prepare(tmp_path / "cuda", [CAUGHT_BY_CONSTANT, SCHEDULE + "9999"])
@@ -67,6 +72,7 @@ def _check(tmp_path: Path, names: list[str], *args: str, fails: bool = False) ->
 CONSTANT = ("tests/fedsketch/server/test_schedule.py", "-k", "constant")
 
 
+@needs_mutmut
 @pytest.mark.slow  # mutmut writes the mutants (10 s for the list), or a pytest session runs in a copy
 def test_each_mutant_is_killed_missed_or_unreached_by_the_tests_selected(tmp_path: Path) -> None:
     names = [CAUGHT_BY_CONSTANT, MISSED_BY_CONSTANT, UNREACHED]
@@ -80,12 +86,14 @@ def test_each_mutant_is_killed_missed_or_unreached_by_the_tests_selected(tmp_pat
     assert "3 mutants in" in said and "2 not caught" in said
 
 
+@needs_mutmut
 @pytest.mark.slow  # mutmut writes the mutants (10 s for the list), or a pytest session runs in a copy
 def test_a_test_that_runs_past_the_limit_with_a_mutant_times_it_out(tmp_path: Path) -> None:
     code, outcomes, said = _check(tmp_path, [MISSED_BY_CONSTANT], "--limit", "0.0001", "--", *CONSTANT)
     assert (code, outcomes) == (0, {MISSED_BY_CONSTANT: mutation_report.TIMEOUT}), said
 
 
+@needs_mutmut
 @pytest.mark.slow  # mutmut writes the mutants (10 s for the list), or a pytest session runs in a copy
 def test_no_mutant_is_tried_when_a_selected_test_fails_without_one(tmp_path: Path) -> None:
     code, outcomes, said = _check(tmp_path, [CAUGHT_BY_CONSTANT], "--", *CONSTANT, "tests/test_fails.py", fails=True)
