@@ -25,7 +25,6 @@ import shutil
 import signal
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +137,12 @@ def _cuda_works() -> bool:
         return False
 
 
-def table(outcomes: dict[str, str]) -> list[str]:
-    columns = (mutation_report.KILLED, mutation_report.TIMEOUT, mutation_report.SURVIVED, mutation_report.NO_TESTS)
-    lines = ["| module | mutants | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
-    for module in sorted({module_of(n) for n in outcomes}):
-        counts = Counter(o for n, o in outcomes.items() if module_of(n) == module)
-        lines.append(f"| `{module}` | {sum(counts.values())} | " + " | ".join(str(counts[c]) for c in columns) + " |")
-    return lines
+def tallies(outcomes: dict[str, str]) -> dict[str, mutation_report.Tally]:
+    """The outcomes counted per module, as :mod:`tests.tools.mutation_report` counts mutmut's."""
+    modules: dict[str, mutation_report.Tally] = {}
+    for name, found in outcomes.items():
+        modules.setdefault(module_of(name), mutation_report.Tally()).counts[found] += 1
+    return modules
 
 
 def check(names: list[str], pytest_args: list[str], limit_s: float, out: Path) -> int:
@@ -161,7 +159,7 @@ def check(names: list[str], pytest_args: list[str], limit_s: float, out: Path) -
         print(
             f"cuda_mutants: the GPU is unusable after {switch.broke_cuda}; {len(left)} left untried (rerun with --names)"
         )
-    print("\n".join(table(switch.outcomes)))
+    print("\n".join(mutation_report.table(tallies(switch.outcomes))))
     missed = sorted(n for n, o in switch.outcomes.items() if o not in mutation_report.CAUGHT)
     print(f"{len(names)} mutants in {time.monotonic() - start:.0f} s; {len(missed)} not caught (listed in {out})")
     out.write_text(json.dumps(switch.outcomes, indent=1, sort_keys=True) + "\n")

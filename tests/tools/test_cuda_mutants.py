@@ -82,7 +82,9 @@ def test_each_mutant_is_killed_missed_or_unreached_by_the_tests_selected(tmp_pat
         MISSED_BY_CONSTANT: mutation_report.SURVIVED,
         UNREACHED: mutation_report.NO_TESTS,
     }, said
-    assert code == 1 and "| `fedsketch/server/schedule.py` | 2 | 1 | 0 | 1 | 0 |" in said
+    assert (
+        code == 1 and "| `fedsketch/server/schedule.py` | 2 | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 50.0% | 50.0% |" in said
+    )
     assert "3 mutants in" in said and "2 not caught" in said
 
 

@@ -321,16 +321,13 @@ def _heaps(libc: ctypes.CDLL, path: Path) -> int:
 def _new_heaps_for_four_threads(tmp_path: Path, more: int | None) -> int:
     """In a fork: how many arenas four threads that each allocate add, with the limit ``more`` above the arenas
     the fork holds already (the process it is forked from may have made some: mutmut's does)."""
-    read, write = os.pipe()
-    credit = Credit()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover -- the fork
+
+    def four_threads(fd: int) -> None:
         libc = ctypes.CDLL(None)
         libc.malloc.restype = libc.fopen.restype = ctypes.c_void_p
         before = _heaps(libc, tmp_path / "before.xml")
         if more is not None:
             forked.limit_malloc_arenas(before + more)
-        credit.send()
         together = threading.Barrier(5)
         threads = [threading.Thread(target=lambda: (together.wait(), libc.malloc(100_000))) for _ in range(4)]
         for thread in threads:
@@ -338,13 +335,11 @@ def _new_heaps_for_four_threads(tmp_path: Path, more: int | None) -> int:
         together.wait()
         for thread in threads:
             thread.join()
-        os.write(write, str(_heaps(libc, tmp_path / "after.xml") - before).encode())
-        os._exit(0)
-    os.close(write)
-    credit.receive()
-    os.waitpid(pid, 0)
-    with os.fdopen(read, "rb") as said:
-        return int(said.read())
+        os.write(fd, str(_heaps(libc, tmp_path / "after.xml") - before).encode())
+
+    said, code = _in_a_fork(four_threads)
+    assert code == 0, said
+    return int(said)
 
 
 def test_a_limit_on_mallocs_arenas_holds_for_every_thread_of_the_process(tmp_path: Path) -> None:

@@ -89,8 +89,10 @@ def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_throug
     2,440 a table), then all four where it sets none (the first round's pages serve the next three)."""
     libc = ctypes.CDLL(None)
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    for param in (-3, -1, -2):  # glibc's defaults again (128 KiB), whatever this process set before (a CI worker had
-        libc.mallopt(param, 128 * 1024)  # its thresholds raised: no fresh page at all); M_MMAP/TRIM_THRESHOLD, TOP_PAD
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
+        # glibc's defaults (128 KiB), whatever this process set before: on a CI worker the first round below
+        # faulted in no fresh page at all, as it does once these are raised
+        libc.mallopt(one_process.MALLOC[name][1], 128 * 1024)
     one_process.set_malloc(dict.fromkeys(one_process.MALLOC, "set"))
     assert _fresh_pages_over_three_rounds() > 20 * 2_000
     one_process.set_malloc({})
