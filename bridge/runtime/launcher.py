@@ -196,18 +196,16 @@ class Launcher:
         self._reap()
 
     def _runtime_client(self) -> RuntimeHttpClient:
+        """One try an ask, no retry invoker (Flower's retries forever): the loop asks again, or ends with the
+        SuperNode."""
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
 
-        retry = make_simple_http_retry_invoker()
-        retry.max_tries = 1  # Flower's would retry forever; the loop asks again, or ends with the SuperNode
         return RuntimeHttpClient.from_server_address(
             server_address=self.options.runtime_address,
             insecure=True,
             root_certificates=None,
             interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=retry,
         )
 
     def _acquire(self, client: RuntimeHttpClient) -> str | None:
@@ -300,7 +298,7 @@ def _stopped_before_ready(launcher: Launcher, superlink: str, joining: Joining) 
             file=sys.stderr,
             flush=True,
         )
-    return abs(launcher.returncode) if launcher.returncode else int(joining.flower_exit is not None)
+    return abs(launcher.returncode or 0)  # a Flower exit code of 100 or more is Flower's exit 1
 
 
 def _stopper(launcher: Launcher) -> Callable[[int, FrameType | None], None]:
