@@ -647,32 +647,25 @@ def test_ending_tasks_sigterms_them_then_sigkills_those_left_after_the_grace_per
     assert lz.supernode_alive()  # only ``stop`` ends the SuperNode
 
 
-def test_ending_tasks_that_all_end_on_sigterm_takes_no_grace_period(
-    lz: launcher.Launcher, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stop", [False, True])
+def test_ending_tasks_or_stopping_takes_no_grace_period_when_all_end_on_sigterm(
+    lz: launcher.Launcher, monkeypatch: pytest.MonkeyPatch, stop: bool
 ) -> None:
+    """``stop`` ends the SuperNode too (it ends on its SIGTERM here); ending the tasks leaves it running."""
     monkeypatch.setattr(launcher, "STOP_GRACE_S", 5.0)
     pids, read = _tasks(2, 0)
     lz.tasks = set(pids)
     start = time.monotonic()
-    lz._end_tasks()
+    if stop:
+        lz.stop()
+    else:
+        lz._end_tasks()
     assert time.monotonic() - start < 0.9
     assert (os.read(read, 16), lz.tasks) == (b"tt", set())
     os.close(read)
-    assert lz.supernode_alive()
-
-
-def test_stopping_ends_the_supernode_and_the_tasks_without_a_grace_period_when_they_go(
-    lz: launcher.Launcher, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(launcher, "STOP_GRACE_S", 5.0)
-    pids, read = _tasks(1, 0)
-    lz.tasks = set(pids)
-    start = time.monotonic()
-    lz.stop()
-    assert time.monotonic() - start < 0.9
-    assert (lz.stopping, lz.tasks, lz.supernode_alive(), lz.returncode) == (True, set(), False, -signal.SIGTERM)
-    assert os.read(read, 16) == b"t"
-    os.close(read)
+    assert (lz.stopping, lz.supernode_alive(), lz.returncode) == (
+        (True, False, -signal.SIGTERM) if stop else (False, True, None)
+    )
 
 
 def test_a_supernode_that_ignores_sigterm_is_killed_after_the_grace_period_and_waited_for(
