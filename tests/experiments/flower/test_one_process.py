@@ -54,11 +54,18 @@ def _fresh_pages_over_three_rounds() -> int:
         replies = [b"".join((b"header", t.data)) for t in tables]
         del tables, replies
 
-    round_of_replies()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
+    # numpy asks for transparent huge pages for its large arrays: how many it gets depends on the machine's free
+    # memory at that moment (one fault per 2 MiB), so the count is made with 4 KiB pages only
+    multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray  # numpy 2, numpy 1
+    hugepages = multiarray._set_madvise_hugepage(False)
+    try:
         round_of_replies()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(3):
+            round_of_replies()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    finally:
+        multiarray._set_madvise_hugepage(hugepages)
 
 
 ROUNDS_OF_REPLIES = (
