@@ -28,6 +28,7 @@ from bridge.runtime.launcher_options import parse
 from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
 from experiments.deployment.deploy_commands import CONNECTION, connection_toml, superlink_command, supernode_command
 from experiments.deployment.pki import ServerCertificates, make_certificates, make_node_keys
+from experiments.flower import procs
 from experiments.flower.flower_procs import bin_path, flower_env, free_port, stop_group, wait_healthy_tls
 from experiments.flower.procs import stop_carrying
 from tests.forked_credit import Credit
@@ -58,33 +59,21 @@ def test_each_round_runs_the_runs_own_clientapp_code_in_a_fork(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_the_launcher_says_ready_only_once_the_superlink_has_accepted_its_supernode(
-    tmp_path: Path, no_leftover_processes: None
+    tmp_path: Path, no_leftover_processes: None, superlink: SuperLink
 ) -> None:
     """Started before its SuperLink, the device says it waits for it; ready comes once the SuperNode has joined."""
-    port, tag = free_port(), {TAG: str(tmp_path)}
-    node_cmd = supernode_command(f"127.0.0.1:{port}", free_port(), 0, 1, None, None)
+    node_cmd = supernode_command(superlink.address, free_port(), 0, 1, None, None)
     log = tmp_path / "device.log"
-    device = _start_device(node_cmd, log, tmp_path, tag)
-    link: subprocess.Popen[bytes] | None = None
+    device = _start_device(node_cmd, log, tmp_path, {TAG: str(tmp_path)})
     try:
-        _wait_for(log, f"launcher: waiting for the SuperLink at 127.0.0.1:{port}", device)
+        _wait_for(log, f"launcher: waiting for the SuperLink at {superlink.address}", device)
         assert "launcher ready" not in log.read_text()
-        with open(tmp_path / "superlink.log", "wb") as out:
-            link = subprocess.Popen(
-                [bin_path("flower-superlink"), *superlink_command(port, None, auth=False)[1:]],
-                cwd=tmp_path,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**flower_env(tmp_path / "link"), **tag},
-            )
-        _wait_for(log, f"connected to the SuperLink at 127.0.0.1:{port}", device)
+        superlink.start()
+        _wait_for(log, f"connected to the SuperLink at {superlink.address}", device)
         ready = next(line for line in log.read_text().splitlines() if line.startswith("launcher ready"))
         assert re.match(r"launcher ready: SuperNode \d+ connected", ready), ready
     finally:
-        for proc in (device, link):
-            if proc is not None:
-                stop_group(proc)
+        stop_group(device)
         stop_carrying(TAG, str(tmp_path), 5.0)
 
 
@@ -295,16 +284,18 @@ class Device:
         """The pid of the launcher's SuperNode, once it runs."""
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            for stat in Path("/proc").glob("[0-9]*/stat"):
-                try:
-                    text = stat.read_text()
-                except OSError:
-                    continue
-                name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 1 :].split()
-                if name == "flower-supernode"[:15] and int(fields[1]) == self.pid:  # the kernel keeps 15 characters
-                    return int(stat.parent.name)
+            for pid in procs.descendants({self.pid}):
+                if procs.parent(pid) == self.pid and _name(pid) == "flower-supernode"[:15]:  # the kernel keeps 15
+                    return pid
             time.sleep(0.1)
         pytest.fail("no SuperNode under the launcher")
+
+
+def _name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def _device(tmp_path: Path, superlink: str, *options: str, argv_given: bool = False) -> Device:
@@ -366,8 +357,9 @@ def _device_cmd(tmp_path: Path, node_cmd: list[str], *options: str, argv_given: 
                 "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "backoff": node.backoff if node else None,  # the SuperNode's waits as the options say
                 "arenas": arenas,
+                "sleeps": sleeps,
             }
-            report.write_text(json.dumps({**state, "sleeps": sleeps}))
+            report.write_text(json.dumps(state))
             credit.send()
         finally:
             os._exit(code if isinstance(code, int) else 97)

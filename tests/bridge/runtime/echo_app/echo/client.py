@@ -13,6 +13,6 @@ PR_GET_PDEATHSIG = 2
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     death = ctypes.c_int(0)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_PDEATHSIG, ctypes.byref(death))
+    ctypes.CDLL(None).prctl(PR_GET_PDEATHSIG, ctypes.byref(death))
     who = {"pid": os.getpid(), "parent": os.getppid(), "on_parent_death": death.value}
     return Message(RecordDict({"who": ConfigRecord(who)}), reply_to=msg)
