@@ -32,14 +32,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from experiments.deployment.deploy_commands import (
-    CHECKPOINT_EVERY,
     CONNECTION,
     DATABASE,
     Deployment,
-    checkpointed,
     connection_toml,
     node_settings,
     superlink_command,
@@ -62,15 +60,7 @@ if TYPE_CHECKING:
     from fedsketch.config import RunConfig
 
 TAG = "FEDSKETCH_FEDERATION"  # in the environment of every process of one LocalFederation
-__all__ = [
-    "CHECKPOINT_EVERY",
-    "TAG",
-    "Deployment",
-    "LocalFederation",
-    "checkpointed",
-    "node_settings",
-    "run_all",
-]  # what a run on a LocalFederation needs
+__all__ = ["TAG", "Deployment", "LocalFederation", "node_settings", "run_all"]  # what a run on a LocalFederation needs
 
 
 class LocalFederation:
@@ -158,7 +148,7 @@ class LocalFederation:
         ids = [int(name.removeprefix("supernode-")) for name in self.procs if name.startswith("supernode-")]
         old = set(self.online_nodes())
         for i in ids:
-            stop_group(self.procs.pop(f"supernode-{i}"), grace_s=5.0)
+            stop_group(self.procs.pop(f"supernode-{i}"))
             procs.stop_carrying("FLWR_HOME", str(self.work_dir / "nodes" / f"node-{i}"), 5.0)
         # Until the SuperLink drops them (their heartbeat lapses: up to 2 x 30 s), the old nodes would be
         # sampled and never answer, and an authenticated key could not be activated again.
@@ -170,20 +160,23 @@ class LocalFederation:
         self.wait_online(len(ids))
 
     def online_nodes(self) -> list[int]:
-        """Ids of the SuperNodes the SuperLink reports online.
+        """Ids of the SuperNodes the SuperLink reports online (asked up to three times, 1 s and 2 s apart).
 
         Raises
         ------
         RuntimeError
-            If the SuperLink does not answer the query.
+            If the SuperLink does not answer the third query either.
         """
-        for attempt in range(3):  # a query can fail on a busy machine: ask again
-            out = self.flwr("supernode", "list", CONNECTION, "--format", "json")
-            reply = json.loads(out[out.find("{") :])
-            if reply.get("success"):  # flwr reports errors in the JSON, with exit code 0
-                return sorted(int(n["node-id"]) for n in reply["nodes"] if n["status"] == "online")
-            time.sleep(1.0 + attempt)
-        raise RuntimeError(f"flwr supernode list failed: {reply}")
+        for wait_s in (1.0, 2.0):  # a query can fail on a busy machine: ask again
+            try:
+                return self._online_nodes()
+            except RuntimeError:
+                time.sleep(wait_s)
+        return self._online_nodes()
+
+    def _online_nodes(self) -> list[int]:
+        nodes = self.flwr_json("supernode", "list")["nodes"]
+        return sorted(int(n["node-id"]) for n in nodes if n["status"] == "online")
 
     def wait_online(self, count: int, timeout: float = 90.0) -> list[int]:
         """Wait until ``count`` SuperNodes are online.
@@ -224,6 +217,14 @@ class LocalFederation:
             raise RuntimeError(f"flwr {' '.join(args)} failed ({call.returncode}): {out}{err}")
         return out
 
+    def flwr_json(self, *args: str) -> dict[str, Any]:
+        """``flwr ARGS --format json``'s reply; a RuntimeError if it fails or says it failed (in the JSON, exit 0)."""
+        out = self.flwr(*args, CONNECTION, "--format", "json")
+        reply: dict[str, Any] = json.loads(out[out.find("{") :])
+        if not reply.get("success"):
+            raise RuntimeError(f"flwr {' '.join(args)} failed: {reply}")
+        return reply
+
     def _flwr_call(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [bin_path("flwr"), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -261,10 +262,10 @@ class LocalFederation:
         """``flwr stop`` every run on this SuperLink that has not finished; returns their ids.
 
         Stopping ``flwr run`` only stops the log stream: the run's ServerApp
-        goes on, and would compete with the next run for the SuperNodes.
+        goes on, and would compete with the next run for the SuperNodes. A
+        RuntimeError if the SuperLink does not answer.
         """
-        out = self.flwr("ls", CONNECTION, "--format", "json")
-        runs = json.loads(out[out.find("{") :]).get("runs", [])
+        runs = self.flwr_json("ls")["runs"]
         active = [int(r["run-id"]) for r in runs if not str(r["status"]).startswith("finished")]
         for run_id in active:
             self.flwr("stop", str(run_id), CONNECTION)

@@ -90,20 +90,24 @@ def stop_carrying(key: str, value: str, grace_s: float, first: int = signal.SIGT
     once, only wait for the kernel to end them). Pass ``seen`` from an earlier
     :func:`carrying` to also stop what was found before its parents went away.
     """
-    seen = {} if seen is None else seen
-    left = carrying(key, value, seen)
+    found: Seen = {} if seen is None else seen
+
+    def still_there() -> list[int]:
+        return carrying(key, value, found)  # a dying parent may still start one: it is found here
+
+    left = still_there()
     _signal_all(left, first)
     deadline = time.monotonic() + grace_s
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = carrying(key, value, seen)  # a dying parent may still start one: it is found here
+        left = still_there()
     for _ in range(20):  # SIGKILL cannot be refused; the loop only waits for the kernel
         if not left:
             break
         _signal_all(left, signal.SIGKILL)
         time.sleep(0.1)
-        left = carrying(key, value, seen)
-    return len(seen)
+        left = still_there()
+    return len(found)
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

@@ -13,18 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from bridge.messages import client_metrics, payload_to_record, wire_bytes
-from experiments.cli import main as fedsketch_main
-from experiments.deployment.deploy import TAG, Deployment, LocalFederation, node_settings
+from experiments.deployment.deploy import Deployment, LocalFederation, node_settings
 from experiments.deployment.pki import make_node_keys
 from experiments.flower import procs
 from experiments.flower.flower_procs import signal_group, stop_group
 from experiments.running import runner
 from fedsketch.config import RunConfig
-from tests.listening import ListeningWatch, off_loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -34,15 +30,6 @@ TINY = {"eval-every": 1, "local-batch-size": 64, "sketch-rows": 5, "sketch-cols"
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-
-
-def _assert_sketch_uploads(cum_upload_bytes: int, replies: int) -> None:
-    """Each FetchSGD reply is a (5, 2000) float32 table plus a metrics record of a few dozen bytes
-    whose exact size depends on its values (protobuf varints)."""
-    table = wire_bytes(payload_to_record({"table": np.zeros((5, 2000), np.float32)}))
-    metrics = wire_bytes(client_metrics(64, 0.5, 0.1))
-    assert table >= 128 + 4 * 5 * 2000  # at least the .npy bytes of the table
-    assert replies * table < cum_upload_bytes <= replies * (table + 2 * metrics)
 
 
 def _processes_in(folder: Path) -> list[int]:
@@ -56,47 +43,6 @@ def _processes_in(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def test_fedsketch_deploy_trains_fetchsgd_with_one_client_per_supernode(
-    tmp_path: Path, no_leftover_processes: None
-) -> None:
-    args = ["deploy", "--out", str(tmp_path), "--supernodes", "2", "--strategies", "fetchsgd", "--no-plot"]
-    for key, value in {**TINY, "num-rounds": 2, "experiment": "deploy"}.items():
-        args += ["--set", f"{key}={value}"]
-    with ListeningWatch((TAG, str(tmp_path / "deploy" / "deployment"))) as ports:
-        assert fedsketch_main(args) == 0
-    # the SuperLink and each SuperNode's Runtime API listen (the watch does see them), on loopback only
-    assert len(ports.sockets) >= 3, ports.sockets
-    print(f"deploy: listening: {sorted(f'{ip}:{port} ({who})' for (ip, port), who in ports.sockets.items())}")
-    assert not off_loopback(ports.sockets), f"listening beyond loopback: {off_loopback(ports.sockets)}"
-    rows = _rows(tmp_path / "deploy" / "fetchsgd")
-    assert [r["round"] for r in rows] == [1, 2]
-    assert [(r["clients"], r["failures"]) for r in rows] == [(2, 0), (2, 0)]
-    assert rows[-1]["test_loss"] < rows[0]["test_loss"]
-    _assert_sketch_uploads(rows[-1]["cum_upload_bytes"], replies=4)
-    assert not _processes_in(tmp_path)
-
-
-def test_tls_and_supernode_auth_run_three_rounds_on_three_supernodes(
-    tmp_path: Path, no_leftover_processes: None
-) -> None:
-    values = {**node_settings(3), **TINY, "num-rounds": 3, "experiment": "secure", "out-dir": str(tmp_path / "runs")}
-    run_dir = runner.prepare(RunConfig.from_mapping(values))
-    with LocalFederation(Deployment(3, tls=True, auth=True), tmp_path / "fed") as fed:
-        assert len(fed.wait_online(3)) == 3
-        code = fed.run(ROOT, run_dir / "run_config.toml", run_dir / "flower.log")
-    assert code == 0, (run_dir / "flower.log").read_text()[-3000:]
-    link_log = fed.log("superlink").read_text()
-    assert "Uvicorn running on https://127.0.0.1" in link_log
-    assert link_log.count("[ControlServicer.RegisterNode] Created node_id") == 3
-    rows = _rows(run_dir)
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    assert [r["clients"] for r in rows] == [3, 3, 3]
-    assert rows[-1]["test_loss"] < rows[0]["test_loss"]
-    _assert_sketch_uploads(rows[-1]["cum_upload_bytes"], replies=9)
-    assert rows[-1]["cum_dense_upload_bytes"] > 10 * rows[-1]["cum_upload_bytes"]
-    assert not _processes_in(tmp_path)
 
 
 def test_supernode_with_an_unregistered_key_is_refused(tmp_path: Path, no_leftover_processes: None) -> None:

@@ -47,18 +47,27 @@ class Group:
     """At most this many mutants at once, whatever ``--max-children`` says (``children = N`` in its table)."""
     slow: bool = False
     """Whether its tests marked ``slow`` (real processes, out of the fast tier) run too (``slow = true``)."""
+    own_pids: bool = False
+    """Whether mutmut runs in a PID namespace of its own (``own_pids = true``; Linux, as root): a mutant that
+    signals every process it can find reaches only the run's own."""
 
 
 def load_groups(path: Path = GROUPS, root: Path = ROOT) -> dict[str, Group]:
     """The groups of ``path``; a module or test file that does not exist is an error naming it."""
     groups: dict[str, Group] = {}
     for name, table in tomllib.loads(path.read_text()).items():
-        if set(table) - {"children", "slow"} != {"modules", "tests"}:
+        if set(table) - {"children", "slow", "own_pids"} != {"modules", "tests"}:
             raise ValueError(
-                f"{path}: group [{name}] needs 'modules' and 'tests' (and may say 'children', 'slow'); got {sorted(table)}"
+                f"{path}: group [{name}] needs 'modules' and 'tests' (and may say 'children', 'slow', 'own_pids'); "
+                f"got {sorted(table)}"
             )
         group = Group(
-            name, tuple(table["modules"]), tuple(table["tests"]), table.get("children"), table.get("slow", False)
+            name,
+            tuple(table["modules"]),
+            tuple(table["tests"]),
+            table.get("children"),
+            table.get("slow", False),
+            table.get("own_pids", False),
         )
         missing = [f for f in group.modules + group.tests if not (root / f).is_file()]
         if missing:
@@ -137,13 +146,23 @@ def mutmut_installed() -> bool:
     return importlib.util.find_spec("mutmut") is not None
 
 
-def run_group(copy: Path, log: Path, children: int = 1) -> tuple[int, float]:
-    """``mutmut run --max-children CHILDREN`` in ``copy`` (niced, no PYTHONPATH, torch on one thread a child: each
-    child has its core); its exit code and wall seconds."""
+OWN_PIDS = ["unshare", "--pid", "--fork", "--mount-proc"]
+"""A new PID namespace and its own ``/proc``: what runs in it sees and signals only the processes started in it."""
+
+
+def mutmut_command(children: int, own_pids: bool = False) -> list[str]:
+    """``mutmut run --max-children CHILDREN``, niced, in a PID namespace of its own with ``own_pids``."""
+    cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+    return [*OWN_PIDS, *cmd] if own_pids else cmd
+
+
+def run_group(copy: Path, log: Path, children: int = 1, own_pids: bool = False) -> tuple[int, float]:
+    """:func:`mutmut_command` in ``copy`` (no PYTHONPATH, torch on one thread a child: each child has its core); its
+    exit code and wall seconds."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     start = time.monotonic()
     with log.open("wb") as out:
-        cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+        cmd = mutmut_command(children, own_pids)
         code = subprocess.run(cmd, check=False, cwd=copy, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     return code, time.monotonic() - start
 
@@ -182,9 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     for g in [] if args.report_only else chosen:
         copy = prepare(g, ROOT, args.work)
-        code, wall = run_group(
-            copy, args.work / f"{g.name}.log", min(args.max_children, g.children or args.max_children)
-        )
+        children = min(args.max_children, g.children or args.max_children)
+        code, wall = run_group(copy, args.work / f"{g.name}.log", children, g.own_pids)
         print(f"{g.name}: mutmut exit {code} after {wall:.0f} s (log: {args.work / f'{g.name}.log'})", flush=True)
     report = [arg for g in chosen for arg in ("--mutants", str(args.work / g.name / "mutants"))]
     extra = ["--out", str(args.out)] if args.out else []

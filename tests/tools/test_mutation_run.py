@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -28,7 +33,8 @@ def test_a_group_naming_a_missing_file_or_key_is_refused(tmp_path: Path) -> None
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = ["fedsketch/sketch/count_sketch.py"]\n')
     with pytest.raises(
-        ValueError, match=r"group \[g\] needs 'modules' and 'tests' \(and may say 'children', 'slow'\); got \['modules'\]"
+        ValueError,
+        match=r"group \[g\] needs 'modules' and 'tests' \(and may say 'children', 'slow', 'own_pids'\); got \['modules'\]",
     ):
         mr.load_groups(path, ROOT)
     path.write_text('[g]\nmodules = []\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n')
@@ -55,6 +61,22 @@ def test_a_group_whose_tests_need_real_processes_runs_its_slow_tests_too(tmp_pat
     assert mr.mutmut_settings(shared, groups["g"])["pytest_add_cli_args"] == ["-p", "no:cacheprovider"]
     assert mr.mutmut_settings(shared, groups["h"])["pytest_add_cli_args"] == shared["pytest_add_cli_args"]
     assert mr.load_groups()["runtime"].slow and not mr.load_groups()["processes"].slow
+
+
+def test_a_group_whose_mutants_signal_processes_runs_in_a_pid_namespace_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "groups.toml"
+    table = 'modules = ["fedsketch/sketch/count_sketch.py"]\ntests = ["tests/fedsketch/sketch/test_count_sketch.py"]\n'
+    path.write_text(f"[g]\nown_pids = true\n{table}[h]\n{table}")
+    groups = mr.load_groups(path, ROOT)
+    assert groups["g"].own_pids and not groups["h"].own_pids and mr.load_groups()["procs"].own_pids
+    plain = mr.mutmut_command(2)
+    assert plain == ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", "2"]
+    assert mr.mutmut_command(2, own_pids=True) == ["unshare", "--pid", "--fork", "--mount-proc", *plain]
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a PID namespace needs root and unshare")
+    code = "import json, os; print(json.dumps([os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()]]))"
+    done = subprocess.run([*mr.OWN_PIDS, sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == [1, ["1"]]  # it is the namespace's first process, and sees no other
 
 
 def test_a_group_table_mutates_its_modules_and_copies_the_other_packages() -> None:

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
 from experiments.cli import main as fedsketch_main
-from experiments.deployment.deploy import CHECKPOINT_EVERY, Deployment, node_settings
+from experiments.deployment.deploy_commands import CHECKPOINT_EVERY, Deployment, node_settings
 from experiments.deployment.recipe import check_kit_folder, kit_runs, write_kit
 from experiments.running import runner
 
