@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,13 +31,22 @@ SPARE_NAME = "fedsketch-sim"  # experiments/flower/spare.py's NAME: its command 
 SESSION_TAG = "FEDSKETCH_TEST_SESSION"
 LEFTOVER_GRACE_S = 10.0
 """How long a process found at the end of a test may take to exit by itself before it counts as left behind."""
+
+
+def _state_dir(prefix: str) -> str:
+    """A new state folder, removed when the process that made it exits (not by its forks: mutmut's run in them)."""
+    path, owner = tempfile.mkdtemp(prefix=prefix), os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
 # Commands started by tests record their tokens in FEDSKETCH_STATE_DIR, not in the user's state folder
 # (experiments/running/stopping.py). Each pytest-xdist worker (``-n 2``) is a session of its own: its own tag
 # and state folder, so that one worker's checks never count, or stop, what the other started.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:
     os.environ[SESSION_TAG] = f"{os.getpid()}-{WORKER}"
-    os.environ["FEDSKETCH_STATE_DIR"] = tempfile.mkdtemp(prefix=f"fedsketch-test-state-{WORKER}-")
+    os.environ["FEDSKETCH_STATE_DIR"] = _state_dir(f"fedsketch-test-state-{WORKER}-")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two workers on two cores: one thread each, not two
     import torch
 
@@ -45,7 +55,8 @@ if WORKER:
 # Frozen objects are outside every generation, so that final collection skips them (exit handlers still run).
 atexit.register(gc.freeze)
 os.environ.setdefault(SESSION_TAG, str(os.getpid()))
-os.environ.setdefault("FEDSKETCH_STATE_DIR", tempfile.mkdtemp(prefix="fedsketch-test-state-"))
+if "FEDSKETCH_STATE_DIR" not in os.environ:
+    os.environ["FEDSKETCH_STATE_DIR"] = _state_dir("fedsketch-test-state-")
 
 
 def flower_pids(since: float | None = None) -> set[int]:

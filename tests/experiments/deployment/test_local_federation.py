@@ -220,6 +220,15 @@ def _commands(federation: Path) -> list[str]:
     return found
 
 
+def _wait_started(log: Path) -> float:
+    """Wait (up to 300 s) until ``log``, a run's ``flower.log``, says the SuperLink has the run; returns the
+    deadline."""
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "Successfully started run" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return deadline
+
+
 def _skip_once_started(run: Path, federation: Path, supernodes: int) -> dict[str, Any]:
     """SIGUSR1 to this process once the SuperLink has ``run`` (seconds before its rounds end: a run that ended is
     not stopped), with the SuperLink's command line then; once every SuperNode is ready again, how many ServerApps
@@ -231,10 +240,7 @@ def _skip_once_started(run: Path, federation: Path, supernodes: int) -> dict[str
         return all(log.read_text().count("launcher ready") == 2 for log in logs)
 
     def watch() -> None:
-        deadline = time.monotonic() + 300
-        log = run / "flower.log"
-        while not (log.exists() and "Successfully started run" in log.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        deadline = _wait_started(run / "flower.log")
         seen["superlink"] = [cmd for cmd in _commands(federation) if "flower-superlink" in cmd]
         os.kill(os.getpid(), signal.SIGUSR1)
         while not restarted() and time.monotonic() < deadline:
@@ -308,9 +314,7 @@ def test_a_run_skipped_after_its_superlink_died_says_the_federation_may_still_ho
     log = tmp_path / "runs" / "tiny" / "fedavg" / "flower.log"
 
     def kill_the_superlink_then_skip() -> None:
-        deadline = time.monotonic() + 300
-        while not (log.exists() and "Successfully started run" in log.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_started(log)
         for pid in procs.carrying(TAG, str(fed.resolve())):
             if Path(f"/proc/{pid}/comm").read_text().strip() == "flower-superlin":  # the kernel keeps 15 characters
                 os.kill(pid, signal.SIGKILL)
