@@ -209,6 +209,22 @@ def test_waiting_for_supernodes_of_a_superlink_that_does_not_answer_asks_three_t
     assert time.monotonic() - start > 0.5
 
 
+@pytest.mark.slow
+def test_a_superlink_that_exits_at_once_is_said_with_its_log_and_nothing_is_left(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    fed = LocalFederation(Deployment(1), tmp_path / "fed")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", fed.port))
+        taken.listen()
+        with pytest.raises(RuntimeError) as said, fed:
+            pass
+    log = fed.log("superlink")
+    assert re.fullmatch(rf"flower-superlink exited with code \d+; see {re.escape(str(log))}", str(said.value))
+    assert "address already in use" in log.read_text()
+    assert procs.carrying(TAG, str(fed.work_dir.resolve())) == []
+
+
 def _commands(federation: Path) -> list[str]:
     """The command lines of the federation's processes."""
     found = []
@@ -231,8 +247,8 @@ def _wait_started(log: Path) -> float:
 
 def _skip_once_started(run: Path, federation: Path, supernodes: int) -> dict[str, Any]:
     """SIGUSR1 to this process once the SuperLink has ``run`` (seconds before its rounds end: a run that ended is
-    not stopped), with the SuperLink's command line then; once every SuperNode is ready again, how many ServerApps
-    run on the federation."""
+    not stopped), with the SuperLink's command line then and a stray process of node 0 started; once every
+    SuperNode is ready again, how many ServerApps run on the federation and the stray's exit code."""
     seen: dict[str, Any] = {}
 
     def restarted() -> bool:
@@ -242,10 +258,14 @@ def _skip_once_started(run: Path, federation: Path, supernodes: int) -> dict[str
     def watch() -> None:
         deadline = _wait_started(run / "flower.log")
         seen["superlink"] = [cmd for cmd in _commands(federation) if "flower-superlink" in cmd]
+        # what node 0 started and lost track of: in a session of its own, with only the node's home in common
+        env = {k: v for k, v in os.environ.items() if k != TAG} | {"FLWR_HOME": str(federation / "nodes" / "node-0")}
+        seen["stray"] = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
         os.kill(os.getpid(), signal.SIGUSR1)
         while not restarted() and time.monotonic() < deadline:
             time.sleep(0.1)
         seen["serverapps"] = sum("flwr-serverapp" in cmd for cmd in _commands(federation))
+        seen["stray_code"] = seen["stray"].poll()
 
     threading.Thread(target=watch, daemon=True).start()
     return seen
@@ -290,7 +310,9 @@ def test_deploying_two_runs_with_tls_and_auth_the_second_skipped_on_sigusr1_stop
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     _assert_sketch_uploads(rows[-1]["cum_upload_bytes"], replies=6, shape=(1, 50))
     assert rows[-1]["cum_dense_upload_bytes"] > max(6 * 4 * 1418, 5 * rows[-1]["cum_upload_bytes"])  # d = 1,418
+    seen["stray"].kill()
     assert seen["serverapps"] == 0  # the skipped run's ServerApp was stopped
+    assert seen["stray_code"] == -signal.SIGTERM  # stopped with node 0, not left to the next run
     assert len(seen["superlink"]) == 1 and "--enable-supernode-auth" in seen["superlink"][0]
     link_log = (fed / "logs" / "superlink.log").read_text()
     assert "Uvicorn running on https://127.0.0.1" in link_log
