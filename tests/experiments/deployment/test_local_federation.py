@@ -294,6 +294,8 @@ def test_deploying_two_runs_with_tls_and_auth_the_second_skipped_on_sigusr1_stop
     (fed / "logs").mkdir(parents=True)
     for stale in (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm"):  # a former federation's: its nodes are not these
         (fed / stale).write_bytes(b"not a database")
+    (fed / "flwr-home").mkdir()
+    (fed / "flwr-home" / "config.toml").write_text("# a former federation's connection")
     seen = _skip_once_started(exp / "fedavg", fed, supernodes=2)
     with ListeningWatch((TAG, str(fed))) as ports:
         assert fedsketch_main(args) == 0
