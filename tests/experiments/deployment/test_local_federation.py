@@ -88,11 +88,13 @@ def test_a_supernode_starts_from_the_devices_environment_with_its_partition_and_
 
 @pytest.mark.slow  # flwr's command: about 2 s
 def test_with_authentication_a_supernode_uses_a_key_given_as_it_is_else_registers_one(tmp_path: Path) -> None:
-    fed = LocalFederation(Deployment(2, tls=True, auth=True), tmp_path / "fed", device_bin=_device_bin(tmp_path / "b"))
+    dep = Deployment(2, tls=True, auth=True, supernode_waits="flower")
+    fed = LocalFederation(dep, tmp_path / "fed", device_bin=_device_bin(tmp_path / "b"))
     fed.log("x").parent.mkdir(parents=True)
     fed.start_supernode(0, key=tmp_path / "own.pem").wait(timeout=30)
     args = (tmp_path / "b" / "python-node-0.args").read_text().splitlines()
     assert args[args.index("--auth-supernode-private-key") + 1] == str(tmp_path / "own.pem") and fed.keys == {}
+    assert args[args.index("--supernode-waits") + 1] == "flower"  # the deployment's, not the default
     # No SuperLink answers here: the registration fails and says which key, and no key is kept.
     with pytest.raises(RuntimeError, match=r"^flwr supernode register .*/fed/keys/node-1\.pub failed \(1\): ") as error:
         fed.start_supernode(1)
