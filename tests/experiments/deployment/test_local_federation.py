@@ -262,12 +262,14 @@ def _skip_once_started(run: Path, federation: Path, supernodes: int) -> dict[str
         seen["superlink"] = [cmd for cmd in _commands(federation) if "flower-superlink" in cmd]
         # what node 0 started and lost track of: in a session of its own, with only the node's home in common
         env = {k: v for k, v in os.environ.items() if k != TAG} | {"FLWR_HOME": str(federation / "nodes" / "node-0")}
-        seen["stray"] = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+        stray = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
         os.kill(os.getpid(), signal.SIGUSR1)
         while not restarted() and time.monotonic() < deadline:
             time.sleep(0.1)
         seen["serverapps"] = sum("flwr-serverapp" in cmd for cmd in _commands(federation))
-        seen["stray_code"] = seen["stray"].poll()
+        seen["stray_code"] = stray.poll()
+        stray.kill()  # left by a restart that missed it: not left after the test either
+        stray.wait()
 
     threading.Thread(target=watch, daemon=True).start()
     return seen
@@ -314,7 +316,6 @@ def test_deploying_two_runs_with_tls_and_auth_the_second_skipped_on_sigusr1_stop
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     _assert_sketch_uploads(rows[-1]["cum_upload_bytes"], replies=6, shape=(1, 50))
     assert rows[-1]["cum_dense_upload_bytes"] > max(6 * 4 * 1418, 5 * rows[-1]["cum_upload_bytes"])  # d = 1,418
-    seen["stray"].kill()
     assert seen["serverapps"] == 0  # the skipped run's ServerApp was stopped
     assert seen["stray_code"] == -signal.SIGTERM  # stopped with node 0, not left to the next run
     assert len(seen["superlink"]) == 1 and "--enable-supernode-auth" in seen["superlink"][0]
