@@ -292,8 +292,7 @@ class LocalFederation:
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for stale in (self.database, *(self.database.with_name(self.database.name + x) for x in ("-wal", "-shm"))):
-            stale.unlink(missing_ok=True)  # a new federation: its nodes and keys are new
+        self.database.unlink(missing_ok=True)  # a new federation (SQLite drops a WAL it finds beside a new database)
         if self.deployment.tls:
             self.certs = make_certificates(self.work_dir / "certs")
         ca = self.certs.ca_cert if self.certs is not None else None

@@ -227,6 +227,25 @@ def test_a_superlink_that_exits_at_once_is_said_with_its_log_and_nothing_is_left
     assert procs.carrying(TAG, str(fed.work_dir.resolve())) == []
 
 
+@pytest.mark.slow
+def test_restarting_after_a_supernode_lost_power_waits_until_the_superlink_has_dropped_it(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    """A SuperNode gone without its goodbye stays online on the SuperLink until its heartbeat lapses (up to
+    2 x 30 s): the restart waits for that, so the next run samples no node that will never answer."""
+    with LocalFederation(Deployment(1), tmp_path / "fed") as fed:
+        (old,) = fed.online_nodes()
+        node = fed.procs["supernode-0"]
+        os.killpg(node.pid, signal.SIGKILL)  # its launcher, SuperNode and tasks at once: no goodbye
+        node.wait()
+        assert fed.online_nodes() == [old]
+        start = time.monotonic()
+        fed.restart_supernodes()
+        waited = time.monotonic() - start
+        (new,) = fed.online_nodes()
+    assert new != old and waited > 1.0, (old, new, waited)
+
+
 def _commands(federation: Path) -> list[str]:
     """The command lines of the federation's processes."""
     found = []
