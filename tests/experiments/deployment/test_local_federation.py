@@ -5,6 +5,7 @@ SuperLink would only say no, none is started: Flower's own ``flwr`` meets no Sup
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -368,8 +369,12 @@ def test_a_run_skipped_after_its_superlink_died_says_the_federation_may_still_ho
     fed = tmp_path / "runs" / "tiny" / "deployment"
     log = tmp_path / "runs" / "tiny" / "fedavg" / "flower.log"
 
+    commands: list[str] = []
+
     def kill_the_superlink_then_skip() -> None:
         _wait_started(log)
+        records = Path(os.environ["FEDSKETCH_STATE_DIR"]).glob("invocations/*.json")  # this worker's commands
+        commands.extend(json.loads(path.read_text())["command"] for path in records)
         for pid in procs.carrying(TAG, str(fed.resolve())):
             if Path(f"/proc/{pid}/comm").read_text().strip() == "flower-superlin":  # the kernel keeps 15 characters
                 os.kill(pid, signal.SIGKILL)
@@ -380,4 +385,5 @@ def test_a_run_skipped_after_its_superlink_died_says_the_federation_may_still_ho
     said = capsys.readouterr().out
     assert "fedsketch: the skipped run may still hold the SuperLink or a SuperNode: flwr ls failed: {" in said, said
     assert "restarted the" not in said and re.search(r"fedavg seed 0: skipped \(SIGUSR1\) ", said), said
+    assert commands == ["deploy"]  # named so to whoever stops what it left after a SIGKILL (stopping.reap)
     assert procs.carrying(TAG, str(fed.resolve())) == []
