@@ -321,7 +321,7 @@ def test_deploying_two_runs_with_tls_and_auth_the_second_skipped_on_sigusr1_stop
     skipped, is stopped on the SuperLink (the finished first is not asked to stop) and the SuperNodes start again
     (none keeps a message of the skipped run)."""
     args = ["deploy", str(tiny(tmp_path)), "--out", str(tmp_path / "runs"), "--supernodes", "2", "--tls", "--auth"]
-    args += ["--strategies", "fetchsgd,fedavg", "--set", "num-rounds=3", "--set", "lr=0.2", "--no-plot"]
+    args += ["--strategies", "fetchsgd,fedavg", "--set", "num-rounds=3", "--set", "lr=0.2"]
     exp = tmp_path / "runs" / "tiny"
     fed = exp / "deployment"
     (fed / "logs").mkdir(parents=True)
@@ -340,6 +340,7 @@ def test_deploying_two_runs_with_tls_and_auth_the_second_skipped_on_sigusr1_stop
     assert re.search(r"fedavg seed 0: skipped \(SIGUSR1\) ", said) and "may still hold" not in said, said
     assert (runlog.read_status(exp / "fedavg") or {}).get("state") == "skipped"
     assert f"fetchsgd seed 0: finished  ({exp / 'fetchsgd'})" in said and "fetchsgd seed 0: round 3/3" in said
+    assert f"report: {exp / 'report.md'}\n" in said and (exp / "report.md").exists()  # and the plots, of exp
     rows = runlog.read_metrics(exp / "fetchsgd")
     assert [(r["round"], r["clients"], r["failures"]) for r in rows] == [(1, 2, 0), (2, 2, 0), (3, 2, 0)]
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
