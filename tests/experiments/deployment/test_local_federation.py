@@ -38,6 +38,7 @@ STANDIN = f"""#!/bin/sh
 printf '%s\\n' "$@" > "$0-$(basename "$FLWR_HOME").args"
 printf '%s\\n' "$PATH" "$FLWR_HOME" "${TAG}" > "$0-$(basename "$FLWR_HOME").env"
 echo started
+echo and on stderr >&2
 exit 3
 """
 
@@ -82,7 +83,7 @@ def test_a_supernode_starts_from_the_devices_environment_with_its_partition_and_
     path, flwr_home, tag = (tmp_path / "bin" / "python-node-1.env").read_text().splitlines()
     assert path == os.pathsep.join([str(tmp_path / "bin"), fed.env["PATH"]])
     assert (flwr_home, tag) == (str(home), fed.env[TAG])
-    assert fed.log("supernode-1").read_text() == "started\n"
+    assert fed.log("supernode-1").read_text() == "started\nand on stderr\n"  # both streams, in order
     with pytest.raises(RuntimeError, match=r"^supernode-1 exited with code 3; see .*/fed/logs/supernode-1\.log$"):
         fed.wait_online(1)  # at once: an exited SuperNode is not waited for
 
