@@ -251,6 +251,8 @@ def test_sigusr1_skips_one_strategy_and_a_second_ctrl_c_forces_the_stop(
     code, seconds = cmd.signal(signal.SIGINT)
     print(f"\nSIGINT twice to fedsketch run: exit code {code} after {seconds:.2f} s")
     assert hung.wait(timeout=10) == -signal.SIGKILL
+    assert hung.stdout is not None
+    hung.stdout.close()
     assert (code, cmd.processes()) == (130, []), cmd.output()[-3000:]
     assert seconds < GRACE_S  # forced: it did not wait for the hung process
     assert "forced: every process it started was killed" in cmd.output()

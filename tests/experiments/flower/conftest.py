@@ -29,6 +29,8 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
             child.kill()
     for child in children:
         child.wait(timeout=10)
+        if child.stdout is not None:  # a pipe left open is a ResourceWarning in whichever test collects it
+            child.stdout.close()
 
 
 @pytest.fixture

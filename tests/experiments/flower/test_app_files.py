@@ -106,6 +106,7 @@ def test_a_killed_command_leaves_its_staged_app_in_the_runs_folder_and_the_next_
     staged = Path(proc.stdout.readline().decode().strip())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     assert staged == run / STAGED and (staged / "pkg" / "mod.py").exists()
     assert not any((tmp_path / "tmp").iterdir())
     (app / "pkg" / "mod.py").write_text("X = 2\n")

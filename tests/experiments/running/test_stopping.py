@@ -204,6 +204,7 @@ def test_a_child_that_lost_the_token_is_stopped_with_its_parent() -> None:
     assert b"FEDSKETCH" not in Path(f"/proc/{child}/environ").read_bytes()
     assert stopping.stop_token(token, grace_s=0.5) == 2
     assert parent.wait(timeout=5) == -signal.SIGTERM
+    parent.stdout.close()
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1][:3]
 
 
