@@ -28,6 +28,7 @@ from experiments.deployment.deploy import TAG, Deployment, LocalFederation
 from experiments.deployment.deploy_commands import CONNECTION, DATABASE, connection_toml
 from experiments.flower import procs
 from experiments.flower.app_files import STAGED
+from experiments.running import stopping
 from fedsketch.server import runlog
 from tests.experiments.tiny import tiny
 from tests.listening import ListeningWatch, off_loopback
@@ -375,7 +376,7 @@ def test_a_run_skipped_after_its_superlink_died_says_the_federation_may_still_ho
 
     def kill_the_superlink_then_skip() -> None:
         _wait_started(log)
-        records = Path(os.environ["FEDSKETCH_STATE_DIR"]).glob("invocations/*.json")  # this worker's commands
+        records = stopping.state_dir().glob("invocations/*.json")  # this worker's commands
         commands.extend(json.loads(path.read_text())["command"] for path in records)
         for pid in procs.carrying(TAG, str(fed.resolve())):
             if Path(f"/proc/{pid}/comm").read_text().strip() == "flower-superlin":  # the kernel keeps 15 characters
