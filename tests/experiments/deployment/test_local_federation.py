@@ -243,7 +243,11 @@ def test_restarting_after_a_supernode_lost_power_waits_until_the_superlink_has_d
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
     """A SuperNode gone without its goodbye stays online on the SuperLink until its heartbeat lapses (up to
-    2 x 30 s): the restart waits for that, so the next run samples no node that will never answer."""
+    2 x 30 s): the restart waits for that, so the next run samples no node that will never answer; the next
+    run goes to its end on the new node, and its exit code is ``flwr run``'s, 0."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text("rounds = 1\n")
     with LocalFederation(Deployment(1), tmp_path / "fed") as fed:
         (old,) = fed.online_nodes()
         node = fed.procs["supernode-0"]
@@ -254,8 +258,11 @@ def test_restarting_after_a_supernode_lost_power_waits_until_the_superlink_has_d
         fed.restart_supernodes()
         waited = time.monotonic() - start
         (new,) = fed.online_nodes()
+        code = fed.run(ECHO, run_dir / "run.toml", run_dir / "flower.log")
     print(f"restart after a SuperNode lost power: {waited:.1f} s (node {old} dropped, node {new} online)")
     assert new != old and waited > 1.0, (old, new, waited)
+    answers = re.findall(r"answers (\[.*\])", (run_dir / "flower.log").read_text())
+    assert code == 0 and len(answers) == 1 and len(json.loads(answers[0])) == 1, answers
 
 
 def _commands(federation: Path) -> list[str]:
