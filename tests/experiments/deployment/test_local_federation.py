@@ -244,7 +244,8 @@ def test_restarting_after_a_supernode_lost_power_waits_until_the_superlink_has_d
 ) -> None:
     """A SuperNode gone without its goodbye stays online on the SuperLink until its heartbeat lapses (up to
     2 x 30 s): the restart waits for that, so the next run samples no node that will never answer; the next
-    run goes to its end on the new node, and its exit code is ``flwr run``'s, 0."""
+    run goes to its end on the new node, and its exit code is ``flwr run``'s, 0. A wait for more nodes than there
+    are, every query answered, says how many are online and nothing of a failed query."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "run.toml").write_text("rounds = 1\n")
@@ -259,10 +260,13 @@ def test_restarting_after_a_supernode_lost_power_waits_until_the_superlink_has_d
         waited = time.monotonic() - start
         (new,) = fed.online_nodes()
         code = fed.run(ECHO, run_dir / "run.toml", run_dir / "flower.log")
+        with pytest.raises(RuntimeError) as short:
+            fed.wait_online(2, timeout=1.0)
     print(f"restart after a SuperNode lost power: {waited:.1f} s (node {old} dropped, node {new} online)")
     assert new != old and waited > 1.0, (old, new, waited)
     answers = re.findall(r"answers (\[.*\])", (run_dir / "flower.log").read_text())
     assert code == 0 and len(answers) == 1 and len(json.loads(answers[0])) == 1, answers
+    assert str(short.value) == f"1 of 2 SuperNodes online after 1 s; logs in {tmp_path / 'fed' / 'logs'}"
 
 
 def _commands(federation: Path) -> list[str]:
