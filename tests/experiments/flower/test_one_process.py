@@ -91,19 +91,20 @@ def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path:
     assert faults(one_process.process_env(ROOT, tmp_path)) < default / 10
 
 
+SET_IN_ENVIRON = (
+    "from experiments.flower import one_process as o; from tests.experiments.flower import test_one_process as t; "
+    "o.set_malloc(dict.fromkeys(o.MALLOC, 'set')); print(t._fresh_pages_over_three_rounds())"
+)
+
+
 def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_through_mallopt() -> None:
-    """In this process, as in a spare: nothing where the environment sets each (fresh pages every round, about
-    2,440 a table), then all four where it sets none (the first round's pages serve the next three)."""
-    libc = ctypes.CDLL(None)
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
-        # glibc's defaults (128 KiB), whatever this process set before: on a CI worker the first round below
-        # faulted in no fresh page at all, as it does once these are raised
-        libc.mallopt(one_process.MALLOC[name][1], 128 * 1024)
-    one_process.set_malloc(dict.fromkeys(one_process.MALLOC, "set"))
-    # fresh pages every round: 293,040 in a Python of its own, but 36,630 and 14,652 in workers of the whole suite
-    # (cause not found); twice the bound below is what the claim needs
-    assert _fresh_pages_over_three_rounds() > 2 * 2_000
+    """As in a spare: nothing where the environment sets each (in a fresh Python under glibc's defaults, fresh pages
+    every round, about 2,440 a table), then all four where it sets none (in this process: the first round's pages
+    serve the next three). A worker of the whole suite counted anything from 293,040 to 0 fresh pages under the
+    defaults: its heap keeps what earlier tests freed, and malloc serves a large array from it before it maps one."""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", SET_IN_ENVIRON], env=bare, capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 10 * 2_000
     one_process.set_malloc({})
     assert _fresh_pages_over_three_rounds() < 2_000
     assert _mapped_by_an_array_of(2**30) >= 2**30  # over 64 MiB: mapped, not kept on the heap
