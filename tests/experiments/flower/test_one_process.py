@@ -73,28 +73,24 @@ ROUNDS_OF_REPLIES = (
 )
 
 
+def _bare_environ() -> dict[str, str]:
+    """This environment without glibc's malloc variables, the project importable."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"PYTHONPATH": str(ROOT)}
+
+
+def _fresh_pages_in_a_fresh_python(env: dict[str, str], first: str = "") -> int:
+    """:func:`_fresh_pages_over_three_rounds` in a Python of its own with ``env``, after the code ``first``."""
+    code = first + ROUNDS_OF_REPLIES
+    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+
+
 @pytest.mark.slow  # two fresh Pythons importing torch
 def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path: Path) -> None:
     """Fresh pages each round under glibc's defaults, and the pages the first round freed with
     :data:`one_process.MALLOC` in the environment (through ``mallopt``: the next test)."""
-    bare = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    bare["PYTHONPATH"] = str(ROOT)
-
-    def faults(env: dict[str, str]) -> int:
-        out = subprocess.run(
-            [sys.executable, "-c", ROUNDS_OF_REPLIES], env=env, capture_output=True, text=True, check=True
-        )
-        return int(out.stdout)
-
-    default = faults(bare)
+    default = _fresh_pages_in_a_fresh_python(_bare_environ())
     assert default > 20 * 2_000  # fresh pages for at least a round: about 2,440 a table (here every round)
-    assert faults(one_process.process_env(ROOT, tmp_path)) < default / 10
-
-
-SET_IN_ENVIRON = (
-    "from experiments.flower import one_process as o; from tests.experiments.flower import test_one_process as t; "
-    "o.set_malloc(dict.fromkeys(o.MALLOC, 'set')); print(t._fresh_pages_over_three_rounds())"
-)
+    assert _fresh_pages_in_a_fresh_python(one_process.process_env(ROOT, tmp_path)) < default / 10
 
 
 def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_through_mallopt() -> None:
@@ -102,9 +98,8 @@ def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_throug
     every round, about 2,440 a table), then all four where it sets none (in this process: the first round's pages
     serve the next three). A worker of the whole suite counted anything from 293,040 to 0 fresh pages under the
     defaults: its heap keeps what earlier tests freed, and malloc serves a large array from it before it maps one."""
-    bare = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", SET_IN_ENVIRON], env=bare, capture_output=True, text=True, check=True)
-    assert int(out.stdout) > 10 * 2_000
+    set_in_environ = "from experiments.flower import one_process as o; o.set_malloc(dict.fromkeys(o.MALLOC, 'set')); "
+    assert _fresh_pages_in_a_fresh_python(_bare_environ(), set_in_environ) > 10 * 2_000
     one_process.set_malloc({})
     assert _fresh_pages_over_three_rounds() < 2_000
     assert _mapped_by_an_array_of(2**30) >= 2**30  # over 64 MiB: mapped, not kept on the heap
