@@ -8,12 +8,14 @@ import pytest
 
 import fedsketch
 
+HOMES = {"settings.setting": ["ConfigError"], "config": ["RunConfig"], "sketch.count_sketch": ["CountSketch"]}
 
-@pytest.mark.parametrize("name", fedsketch.__all__)
-def test_each_exported_name_is_its_homes_object(name: str) -> None:
-    homes = {"ConfigError": "fedsketch.settings.setting", "RunConfig": "fedsketch.config"}
-    home = homes.get(name, "fedsketch.sketch.count_sketch")
-    assert getattr(fedsketch, name) is getattr(importlib.import_module(home), name)
+
+def test_each_exported_name_is_its_homes_object() -> None:
+    assert sorted(name for names in HOMES.values() for name in names) == sorted(fedsketch.__all__)
+    for home, names in HOMES.items():
+        module = importlib.import_module(f"fedsketch.{home}")
+        assert [getattr(fedsketch, name) is getattr(module, name) for name in names] == [True] * len(names)
 
 
 def test_a_name_the_package_lacks_is_an_attribute_error_naming_it() -> None:
