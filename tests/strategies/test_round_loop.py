@@ -462,10 +462,12 @@ def test_a_round_whose_clients_all_report_no_loss_is_applied_with_no_train_loss(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_round_on_a_gpu_steps_the_model_where_it_lives() -> None:
+@pytest.mark.parametrize("given", [False, True], ids=["own", "given"])
+def test_a_round_on_a_gpu_steps_the_model_where_it_lives(given: bool) -> None:
+    """With weights handed in (Flower's initial arrays, on the host) as with the strategy's own."""
     strat = strategy(**{"num-rounds": 1, "eval-every": 1, "device": "cuda"})
-    before = strat.weights.clone()
-    start(strat)
+    before = strat.weights.clone() + (0.01 if given else 0.0)
+    start(strat, initial_arrays=messages.model_record(before.cpu().numpy()) if given else None)
     assert strat.weights.is_cuda and strat.history[0]["skipped_rounds"] == 0
     assert not torch.equal(strat.weights, before)
 

@@ -19,6 +19,7 @@ against the tests mutmut ran them with).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -62,6 +63,8 @@ def prepare(out: Path, names: list[str], root: Path = mutation_run.ROOT) -> Path
             raise ValueError(f"{module}: today's source makes no mutant named {stale} (the list is out of date)")
         (tree / module).write_text(mutated.code)
     shutil.copytree(Path(mutmut.__file__).parent, out / "site" / "mutmut", ignore=shutil.ignore_patterns("__pycache__"))
+    info = Path(str(importlib.metadata.distribution("mutmut")._path))  # type: ignore[attr-defined]
+    shutil.copytree(info, out / "site" / info.name)  # mutmut's __init__ reads its version from it
     return tree
 
 
@@ -76,8 +79,8 @@ def _on_alarm(signum: int, frame: object) -> None:
 class Switch:
     """A pytest plugin that replaces the test loop: record what each test reaches, then try every mutant."""
 
-    def __init__(self, names: list[str], limit_s: float) -> None:
-        self.names, self.limit_s = names, limit_s
+    def __init__(self, names: list[str], limit_s: float, out: Path) -> None:
+        self.names, self.limit_s, self.out = names, limit_s, out
         self.outcomes: dict[str, str] = {}
         self.broken: list[str] = []
         self.broke_cuda: str | None = None
@@ -119,10 +122,14 @@ class Switch:
                 if failed:
                     self.outcomes[name] = mutation_report.TIMEOUT if late else mutation_report.KILLED
                     break
+            self.save()  # a run stopped by its time limit keeps what it decided
             if self.outcomes[name] != mutation_report.SURVIVED and not _cuda_works():
                 self.broke_cuda = name  # every later test would fail too: stop, and say where
                 break
         return True
+
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.outcomes, indent=1, sort_keys=True) + "\n")
 
 
 def _cuda_works() -> bool:
@@ -148,7 +155,7 @@ def tallies(outcomes: dict[str, str]) -> dict[str, mutation_report.Tally]:
 def check(names: list[str], pytest_args: list[str], limit_s: float, out: Path) -> int:
     import pytest
 
-    switch = Switch(names, limit_s)
+    switch = Switch(names, limit_s, out)
     start = time.monotonic()
     pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", *pytest_args], plugins=[switch])
     if switch.broken:
@@ -162,7 +169,7 @@ def check(names: list[str], pytest_args: list[str], limit_s: float, out: Path) -
     print("\n".join(mutation_report.table(tallies(switch.outcomes))))
     missed = sorted(n for n, o in switch.outcomes.items() if o not in mutation_report.CAUGHT)
     print(f"{len(names)} mutants in {time.monotonic() - start:.0f} s; {len(missed)} not caught (listed in {out})")
-    out.write_text(json.dumps(switch.outcomes, indent=1, sort_keys=True) + "\n")
+    switch.save()
     return 1 if missed or switch.broke_cuda else 0
 
 

@@ -7,6 +7,7 @@ miss survives, one no selected test reaches has no tests, and one whose test run
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -42,6 +43,8 @@ def test_every_listed_cuda_mutant_is_made_from_todays_source(tmp_path: Path) -> 
     tree = cuda_mutants.prepare(tmp_path / "cuda", names)
     assert "_mutmut_orig" in (tree / "fedsketch/sketch/batch.py").read_text()
     assert (tmp_path / "cuda/site/mutmut/mutation/trampoline.py").is_file()
+    beside = {d.metadata["Name"] for d in importlib.metadata.distributions(path=[str(tmp_path / "cuda/site")])}
+    assert beside == {"mutmut"}  # where mutmut is not installed, its __init__ finds its version there
     assert "_mutmut_orig" not in (tree / "fedsketch/sketch/hashing.py").read_text()  # no listed mutant there
 
 

@@ -75,3 +75,15 @@ def test_host_arrays_sent_to_a_gpu_through_staging_add_exactly_as_on_the_gpu() -
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # the stream busy (about 0.1 s): every copy to the GPU queues behind it
     assert torch.equal(weighted_mean(arrays, weights, like=like), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_arrays_averaged_into_a_host_tensor_are_brought_to_the_host() -> None:
+    """The mean is on ``like``'s device whatever the arrays' devices: CUDA arrays into a host mean."""
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(3, 1000, generator=g) for _ in range(3)]
+    weights = [1.0, 2.0, 3.0]
+    mean = weighted_mean([x.cuda() for x in xs], weights, like=torch.zeros(3, 1000))
+    assert mean.device.type == "cpu"
+    torch.testing.assert_close(mean, weighted_mean(xs, weights))

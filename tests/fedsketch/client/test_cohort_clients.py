@@ -221,6 +221,30 @@ def test_with_diagnose_sketch_each_client_sends_its_own_dense_update_beside_its_
         np.testing.assert_allclose(o.payload["table"], table, rtol=1e-4, atol=1e-6)  # type: ignore[index]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("batching", [0, 2])
+@pytest.mark.parametrize("mode", ["delta", "gradient"])
+def test_a_cohort_on_a_gpu_sends_what_it_sends_from_the_cpu(
+    batching: int, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a GPU every client trains there, one at a time or vectorized (nothing falls back), and sends the CPU's
+    sketch and, with diagnose-sketch, its dense update as a host array, to float rounding."""
+    settings = {**BASE, "client-update": mode, "local-steps": 2, "weight-decay": 0.01, "diagnose-sketch": True}
+    cpu, gpu = _cfg(settings, batching), _cfg(settings, batching, device="cuda")
+    weights = _weights(cpu)
+    jobs = [ClientJob(cid, 2, SKETCH) for cid in CIDS[:3]]
+    with caplog.at_level(logging.WARNING):
+        on_gpu = run_cohort(gpu, weights, jobs)
+    assert _warnings(caplog) == []
+    for o, c in zip(on_gpu, run_cohort(cpu, weights, jobs), strict=True):
+        assert o.error is None and o.payload is not None and o.diagnostic is not None
+        assert o.num_examples == c.num_examples
+        np.testing.assert_allclose(o.payload["table"], c.payload["table"], rtol=1e-3, atol=1e-5)  # type: ignore[index]
+        dense = o.diagnostic[wire.DIAGNOSTIC_UPDATE]
+        np.testing.assert_allclose(dense, c.diagnostic[wire.DIAGNOSTIC_UPDATE], rtol=1e-3, atol=1e-5)  # type: ignore[index]
+
+
 SKETCHED = {**BASE, "strategy": "sketched_sgd", "momentum": 0.0, "k": 5}
 
 

@@ -101,6 +101,31 @@ def test_vectorized_local_training_with_normalization(norm: str) -> None:
     compare("resnet9", LocalSpec("delta", batch_size=8, steps=2, lr=0.05, weight_decay=0.01), norm=norm, sizes=sizes)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_clients_whose_data_is_on_the_cpu_train_on_the_gpu_as_on_the_cpu() -> None:
+    """A cohort's data stays on the host; each step's batches go to the weights' device (the GPU) and the deltas
+    come back there, equal to the CPU's to float32 rounding."""
+    spec = LocalSpec("delta", batch_size=8, steps=3, lr=0.1, weight_decay=0.01, momentum=0.9)
+    model = build_model("mlp", SHAPES["mlp"], 4, seed=1, hidden=16)
+    weights = get_flat(model) + 0.01
+    data = [(x.float(), y) for x, y in client_data(SHAPES["mlp"], SIZES)]
+    on = {
+        device: per_client_local_training(
+            functional_copy(model).to(device),
+            weights.to(device),
+            [LocalClient(x, y, seeded(i)) for i, (x, y) in enumerate(data)],
+            spec,
+            max_clients=3,
+        )
+        for device in ("cpu", "cuda")
+    }
+    for (gpu, gpu_loss), (cpu, cpu_loss) in zip(on["cuda"], on["cpu"], strict=True):
+        assert gpu.is_cuda
+        torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-3, atol=1e-5)
+        assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)
+
+
 def test_bad_arguments_are_named() -> None:
     model = functional_copy(build_model("mlp", (4,), 3, hidden=8))
     spec = LocalSpec("delta", batch_size=4, steps=2)
