@@ -269,6 +269,7 @@ def _unstopped(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         pytest.fail("api.run raised KeyboardInterrupt though no signal stopped its runs")
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_run_trains_through_flower_and_returns_every_runs_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +310,7 @@ def test_run_refuses_what_cannot_run_before_anything_starts(
     assert not (tmp_path / "tiny").exists()
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_checkpoint_of_other_settings_is_refused_unless_restart(tmp_path: Path) -> None:
     config, args = tiny(tmp_path), {"out": tmp_path, "supernodes": 1, "num_rounds": 1, "checkpoint_every": 1}
     assert len(_unstopped(config, **args)) == 1
@@ -318,6 +320,7 @@ def test_a_checkpoint_of_other_settings_is_refused_unless_restart(tmp_path: Path
     assert len(rows) == 1 and (tmp_path / "tiny" / "fedavg" / "config.json").read_text().count('"client-lr": 0.2') == 1
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_run_that_stops_before_its_last_round_raises_and_keeps_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,6 +340,7 @@ def test_a_run_that_stops_before_its_last_round_raises_and_keeps_the_others(
     assert "this builder works only in the test's process" in (tmp_path / "tiny" / "fedavg" / "flower.log").read_text()
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_run_stopped_by_a_signal_raises_keyboard_interrupt_once_everything_stopped(
     tmp_path: Path, signum: int

@@ -157,6 +157,7 @@ def _never_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "_exit", exit_now)
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_run_plans_runs_plots_and_reports_then_plot_and_report_read_the_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,6 +252,7 @@ def test_the_plan_or_why_there_is_none_is_out_before_anything_runs(
     assert plans[0] != plans[1]
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_checkpoint_of_other_settings_is_refused_or_with_restart_deleted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -355,6 +357,7 @@ def _notes_whether_it_is_tracked(input_shape: tuple[int, ...], num_classes: int,
     return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_run_as_the_program_hands_its_plan_and_spare_process_to_its_second_half(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -376,6 +379,7 @@ def test_run_as_the_program_hands_its_plan_and_spare_process_to_its_second_half(
     assert (state / "tracked.txt").read_text().splitlines()[-1].endswith(" True")  # the run's process: the spare
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_program_stopped_by_a_signal_exits_with_its_code(
     tmp_path: Path, signum: int, code: int, capsys: pytest.CaptureFixture[str], no_leftover_processes: None
@@ -409,6 +413,7 @@ def _interrupted() -> tuple[Any, ...]:
     raise KeyboardInterrupt
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_command_stopped_in_this_process_returns_its_code_and_this_process_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -470,6 +475,7 @@ def test_deploy_decides_what_to_start_and_checks_every_run_before_starting_anyth
     assert "fedsketch: SuperNodes run Flower's own isolation, not the launcher" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_deployment_whose_runs_are_all_finished_starts_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

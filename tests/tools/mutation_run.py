@@ -1,4 +1,4 @@
-"""Mutation testing by groups: each group's modules mutated by mutmut against the group's own fast tests.
+"""Mutation testing by groups: each group's modules mutated by mutmut against its own tests (slow ones too if ``slow``).
 
 mutmut runs, for each mutant, the selected tests that reach the mutated function; a group names
 the few test files that exercise its modules (``mutation_groups.toml``), so a module's mutants never

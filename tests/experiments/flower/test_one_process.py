@@ -93,6 +93,7 @@ def test_the_malloc_settings_let_a_round_reuse_what_the_last_one_freed(tmp_path:
     assert _fresh_pages_in_a_fresh_python(one_process.process_env(ROOT, tmp_path)) < default / 10
 
 
+@pytest.mark.slow  # a fresh Python importing torch
 def test_a_started_process_gets_the_malloc_settings_its_environment_lacks_through_mallopt() -> None:
     """As in a spare: nothing where the environment sets each (in a fresh Python under glibc's defaults, fresh pages
     every round, about 2,440 a table), then all four where it sets none (in this process: the first round's pages

@@ -121,6 +121,7 @@ def _tiny_plan(tmp_path: Path) -> Plan:
     return Plan.of(runs, Federation(num_supernodes=1), plot=False)
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_the_second_half_runs_the_plan_file_and_removes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "plan.json"
     path.write_text(_tiny_plan(tmp_path).to_json(), encoding="utf-8")
@@ -143,6 +144,7 @@ def _records_its_command(input_shape: tuple[int, ...], num_classes: int, seed: i
     return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes))
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_running_plan_is_recorded_as_fedsketch_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The record names the command to whoever stops what it left after a SIGKILL (stopping.reap)."""
     monkeypatch.setenv("FEDSKETCH_STATE_DIR", str(tmp_path / "state"))
@@ -160,6 +162,7 @@ def _unbuildable(input_shape: tuple[int, ...], num_classes: int, seed: int) -> n
     raise RuntimeError(WHY)
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_a_failed_run_makes_the_command_exit_1_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     overrides = {"out-dir": str(tmp_path / "runs"), "model": f"{__name__}:{_unbuildable.__name__}", "num-rounds": 1}
     runs = runner.load_experiment(tiny(tmp_path), overrides).runs
@@ -170,6 +173,7 @@ def test_a_failed_run_makes_the_command_exit_1_and_says_why(tmp_path: Path, caps
     assert reason.startswith(" " * 26) and len(reason) == 26 + 500 and "this model cannot be built" in reason
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_the_first_half_flushes_and_execs_the_second_on_a_plan_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

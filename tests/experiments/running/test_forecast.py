@@ -228,6 +228,7 @@ def _printed_round(printed: str, cfg: RunConfig) -> tuple[int, int]:
     return int(cells[3].replace(",", "")), int(cells[4].replace(",", ""))
 
 
+@pytest.mark.slow  # a real Flower run through its processes (seconds)
 def test_the_plan_of_the_default_job_is_what_round_1_bills_for_every_method(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], one_torch_thread: None
 ) -> None:
