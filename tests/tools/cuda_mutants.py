@@ -63,7 +63,8 @@ def prepare(out: Path, names: list[str], root: Path = mutation_run.ROOT) -> Path
             raise ValueError(f"{module}: today's source makes no mutant named {stale} (the list is out of date)")
         (tree / module).write_text(mutated.code)
     shutil.copytree(Path(mutmut.__file__).parent, out / "site" / "mutmut", ignore=shutil.ignore_patterns("__pycache__"))
-    info = Path(str(importlib.metadata.distribution("mutmut")._path))  # type: ignore[attr-defined]
+    dist = importlib.metadata.distribution("mutmut")
+    info = Path(str(dist.locate_file(next(f for f in dist.files or [] if f.name == "METADATA")))).parent
     shutil.copytree(info, out / "site" / info.name)  # mutmut's __init__ reads its version from it
     return tree
 
