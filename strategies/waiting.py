@@ -84,19 +84,6 @@ def delay(schedule: PollSchedule, empty_pulls: int, missing: int = 1) -> float:
     return min(cap, schedule.first_s * schedule.factor ** min(empty_pulls, to_cap))
 
 
-def pulls_within(schedule: PollSchedule, timeout: float, missing: int = 1) -> int:
-    """The pulls a wait of ``timeout`` seconds makes when none of ``missing`` replies ever comes and a pull
-    takes no time.
-
-    One pull right after the push, one after each wait, the last at the timeout itself.
-    """
-    pulls, waited = 1, 0.0
-    while waited < timeout:
-        waited += delay(schedule, pulls - 1, missing)
-        pulls += 1
-    return pulls
-
-
 def schedule_for(grid: object) -> PollSchedule:
     """Flower's simulation grid keeps its own interval (a pull there is an in-process lookup); others back off."""
     if flower.simulation_grid(grid):

@@ -13,8 +13,8 @@ import pytest
 pytestmark = pytest.mark.slow  # pip builds the wheel in a process of its own: about 4 s
 
 ROOT = Path(__file__).resolve().parents[2]
-# A ratchet, not the goal: 20,013 lines shipped on 2026-11-28 (issue 48 asks for 16,000); lower it as code goes.
-PRODUCT_LINES = 20_100
+# A ratchet, not the goal: 20,078 lines shipped on 2026-12-01 (issue 48 asks for 16,000); lower it as code goes.
+PRODUCT_LINES = 20_078
 """The most lines of Python the wheel may ship: a ratchet, lowered as code goes (the goal: 16,000)."""
 
 

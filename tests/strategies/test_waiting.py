@@ -24,7 +24,7 @@ from bridge.messages import model_record
 from fedsketch.config import RunConfig
 from strategies import waiting
 from strategies.server_app import build_strategy, poll_replies_sooner
-from strategies.waiting import DEPLOYMENT, WALL_CLOCK, PollSchedule, delay, pulls_within
+from strategies.waiting import DEPLOYMENT, WALL_CLOCK, PollSchedule, delay
 from tests.federation import TestGrid
 
 TINY = {
@@ -38,6 +38,19 @@ TINY = {
     "eval-every": 1,
 }
 EXACT = PollSchedule(first_s=2.0**-6, factor=2.0, cap_s=0.25)  # powers of two: the clock's sums are exact
+
+
+def pulls_within(schedule: PollSchedule, timeout: float, missing: int = 1) -> int:
+    """The pulls a wait of ``timeout`` seconds makes when none of ``missing`` replies ever comes and a pull
+    takes no time.
+
+    One pull right after the push, one after each wait, the last at the timeout itself.
+    """
+    pulls, waited = 1, 0.0
+    while waited < timeout:
+        waited += delay(schedule, pulls - 1, missing)
+        pulls += 1
+    return pulls
 
 
 def _requests(grid: TestGrid) -> list[Message]:
